@@ -1,0 +1,31 @@
+"""outbox_lite: a Transactional Outbox on Peewee and MySQL/MariaDB."""
+
+from .backoff import Backoff
+from .errors import (
+    ConnectionLostError,
+    CredentialInPayloadError,
+    DuplicateEventError,
+    InvalidEventError,
+    LockConflictError,
+    OutboxError,
+    PayloadError,
+    TransactionRequiredError,
+)
+from .models import OutboxEvent, OutboxStatus
+from .repository import OutboxRepository
+
+__all__ = [
+    "Backoff",
+    "ConnectionLostError",
+    "CredentialInPayloadError",
+    "DuplicateEventError",
+    "InvalidEventError",
+    "LockConflictError",
+    "OutboxError",
+    "OutboxEvent",
+    "OutboxRepository",
+    "OutboxStatus",
+    "PayloadError",
+    "TransactionRequiredError",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,110 @@
+"""Argument checks shared by the repository: each raises InvalidEventError before any SQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Iterable
+
+from .errors import InvalidEventError
+from .models import MAX_NAME_LENGTH, to_utc
+
+#: DATETIME's range; an instant outside it would be refused or mangled by the server.
+_MIN_INSTANT = dt.datetime(1000, 1, 1)
+_MAX_INSTANT = dt.datetime(9999, 12, 31, 23, 59, 59, 999999)
+MAX_LIMIT = 10_000
+
+
+def name(field: str, value: Any, max_length: int = MAX_NAME_LENGTH) -> str:
+    """A non-blank identifier-like string of at most ``max_length`` characters.
+
+    Leading or trailing white space is refused: MySQL compares VARCHARs with trailing
+    spaces ignored, so "a" and "a " would be the same key.
+    """
+    if not isinstance(value, str):
+        raise InvalidEventError(f"{field} must be a str, not {type(value).__name__}")
+    if not value.strip():
+        raise InvalidEventError(f"{field} must not be empty")
+    if value != value.strip():
+        raise InvalidEventError(f"{field} must not start or end with white space")
+    if len(value) > max_length:
+        raise InvalidEventError(
+            f"{field} is {len(value)} characters long; the limit is {max_length}")
+    if "\x00" in value or not value.isprintable():
+        raise InvalidEventError(f"{field} must not contain control characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidEventError(f"{field} is not valid Unicode (a lone surrogate)") from exc
+    return value
+
+
+def instant(field: str, value: Any) -> dt.datetime:
+    """An aware datetime within DATETIME's range, returned as naive UTC."""
+    if not isinstance(value, dt.datetime):
+        raise InvalidEventError(
+            f"{field} must be a timezone-aware datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidEventError(
+            f"{field} must be timezone-aware (e.g. datetime.now(timezone.utc)); "
+            "a naive datetime is ambiguous")
+    try:
+        utc = to_utc(value)
+    except OverflowError as exc:
+        raise InvalidEventError(f"{field} is out of range once converted to UTC") from exc
+    if not _MIN_INSTANT <= utc <= _MAX_INSTANT:
+        raise InvalidEventError(f"{field} must lie between years 1000 and 9999 (UTC)")
+    return utc
+
+
+def positive_int(field: str, value: Any, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidEventError(f"{field} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise InvalidEventError(f"{field} must be at least 1, not {value}")
+    if maximum is not None and value > maximum:
+        raise InvalidEventError(f"{field} must be at most {maximum}, not {value}")
+    return value
+
+
+def event_id(value: Any) -> int:
+    return positive_int("event_id", value, 2 ** 63 - 1)
+
+
+def event_ids(value: Any) -> list[int]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidEventError("event_ids must be an iterable of ints or None")
+    return sorted({event_id(v) for v in value})
+
+
+def duration(field: str, value: Any) -> dt.timedelta:
+    """A positive timedelta, or a positive number of seconds."""
+    if isinstance(value, dt.timedelta):
+        result = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise InvalidEventError(f"{field} must be a finite number of seconds")
+        result = dt.timedelta(seconds=value)
+    else:
+        raise InvalidEventError(
+            f"{field} must be a timedelta or seconds, not {type(value).__name__}")
+    if result <= dt.timedelta(0):
+        raise InvalidEventError(f"{field} must be positive, not {value!r}")
+    return result
+
+
+def flag(field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidEventError(f"{field} must be a bool, not {type(value).__name__}")
+    return value
+
+
+def bounded_text(field: str, value: Any, max_bytes: int) -> str:
+    """A str cut to at most ``max_bytes`` of UTF-8, never inside a character."""
+    if not isinstance(value, str):
+        raise InvalidEventError(f"{field} must be a str, not {type(value).__name__}")
+    data = value.encode("utf-8", "replace")
+    if len(data) <= max_bytes:
+        return data.decode("utf-8")
+    marker = " …[truncated]"
+    room = max_bytes - len(marker.encode("utf-8"))
+    return data[:room].decode("utf-8", "ignore") + marker

@@ -1,0 +1,121 @@
+"""The ``outbox-lite`` command: flags and ``OUTBOX_*`` variables mapped onto the library.
+
+Every failure ends as one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Callable, Sequence
+
+import peewee as pw
+import pymysql
+
+from . import migrate as schema
+from ._db import DEFAULT_URL, DatabaseUrl, DatabaseUrlError
+from .errors import OutboxError
+from .payload import redact
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+_SERVER_ERRORS = {
+    1044: "access denied to database {url.name} for user {url.user}",
+    1045: "access denied for user {url.user} (check the user and password)",
+    1049: "database {url.name} does not exist (run: outbox-lite migrate)",
+    1146: "table outbox_event is missing in {url.name} (run: outbox-lite migrate)",
+    2003: "cannot reach the MySQL server at {url.host}:{url.port}",
+    2005: "unknown MySQL server host {url.host}",
+}
+
+
+class CommandError(Exception):
+    """A failure the command reports in one line."""
+
+
+def _describe(exc: BaseException, url: DatabaseUrl | None) -> str:
+    orig = getattr(exc, "orig", exc)
+    args = getattr(orig, "args", ())
+    errno = args[0] if args and isinstance(args[0], int) else None
+    if url is not None and errno in _SERVER_ERRORS:
+        return _SERVER_ERRORS[errno].format(url=url)
+    return redact(str(orig) or type(orig).__name__)
+
+
+def _url(args: argparse.Namespace) -> DatabaseUrl:
+    raw = args.database_url or os.environ.get("OUTBOX_DATABASE_URL") or DEFAULT_URL
+    return DatabaseUrl.parse(raw)
+
+
+# ---------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------
+
+def _cmd_migrate(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    if args.rollback:
+        database = url.database()
+        name = schema.rollback(database)
+        database.close()
+        print(f"rolled back {name}" if name else "nothing to roll back")
+        return EXIT_OK
+    if url.create_database():
+        print(f"created database {url.name}")
+    database = url.database()
+    applied = schema.migrate(database)
+    database.close()
+    print("applied " + ", ".join(applied) if applied else f"{url.name} is up to date")
+    return EXIT_OK
+
+
+def _add_database_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url", metavar="URL",
+        help="mysql://user[:password]@host[:port]/database "
+             f"(default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="outbox-lite", description="Transactional outbox tools for MySQL/MariaDB.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser(
+        "migrate", help="apply pending schema migrations (creates the database if missing)",
+        description="Apply pending migrations; a second run is a no-op. "
+                    "--rollback undoes the last applied migration instead.")
+    _add_database_flag(p)
+    p.add_argument("--rollback", action="store_true", help="undo the last applied migration")
+    p.set_defaults(handler=_cmd_migrate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("peewee_migrate").setLevel(logging.CRITICAL)
+    url: DatabaseUrl | None = None
+    handler: Callable[[argparse.Namespace, DatabaseUrl], int] = args.handler
+    try:
+        url = _url(args)
+        return handler(args, url)
+    except DatabaseUrlError as exc:
+        print(f"outbox-lite: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (CommandError, OutboxError, pw.PeeweeException, pymysql.MySQLError, OSError,
+            RuntimeError) as exc:
+        print(f"outbox-lite: error: {_describe(exc, url)}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("outbox-lite: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The errors outbox_lite raises; every one is an :class:`OutboxError`."""
+
+
+class OutboxError(Exception): """Base class of every error outbox_lite raises."""
+class TransactionRequiredError(OutboxError): """A method that needs the caller's transaction ran outside one."""
+class InvalidEventError(OutboxError, ValueError): """An argument is of the wrong type, empty, too long or out of range."""
+class PayloadError(InvalidEventError): """The payload is not a JSON object or array within the size limit."""
+class ConnectionLostError(OutboxError): """The connection to the server broke; the next call reconnects."""
+
+
+class CredentialInPayloadError(PayloadError):
+    """The payload carries a credential in clear text at ``path`` (the value is never shown)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"payload carries a credential at {path} ({reason}); "
+            "send a reference to the secret, not the secret itself"
+        )
+
+
+class DuplicateEventError(OutboxError):
+    """An event with ``dedupe_key`` exists already; the caller's transaction is still usable."""
+
+    def __init__(self, dedupe_key: str) -> None:
+        self.dedupe_key = dedupe_key
+        super().__init__(f"an outbox event with dedupe_key {dedupe_key!r} exists already")
+
+
+class LockConflictError(OutboxError):
+    """The server ended a statement with a deadlock (1213) or a lock-wait timeout (1205).
+
+    The server rolled back the statement (deadlock: the whole transaction), so the caller
+    retries the whole unit of work in a new transaction. ``errno`` says which it was.
+    """
+
+    retryable = True
+
+    def __init__(self, errno: int, message: str) -> None:
+        self.errno = errno
+        super().__init__(f"MySQL error {errno}: {message}; retry the transaction")

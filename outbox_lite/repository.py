@@ -1,0 +1,413 @@
+"""OutboxRepository: record events in the caller's transaction, hand them out, record outcomes.
+
+Locking rules every statement here follows (InnoDB, REPEATABLE READ or READ COMMITTED):
+
+* Rows are changed by primary key only (``FORCE INDEX (PRIMARY)``), as compare-and-set
+  ``UPDATE … WHERE id = ? AND status = ? [AND locked_by = ?]``; the affected-row count decides.
+  A point lookup on the primary key takes a record lock and no gap lock.
+* Scans (finding candidates) are plain consistent reads and lock nothing. A locking range scan
+  on ``(status, available_at)`` would take next-key locks at the end of the range, which block
+  writers inserting new events and make two claimers deadlock on each other's gaps.
+* ``claim_batch`` locks candidates by primary key with ``FOR UPDATE SKIP LOCKED``, so workers
+  skip each other's rows instead of waiting.
+
+The repository never begins, commits or rolls back anything: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import uuid
+from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
+
+import peewee as pw
+
+from . import _checks
+from .backoff import Backoff
+from .errors import (
+    ConnectionLostError,
+    DuplicateEventError,
+    InvalidEventError,
+    LockConflictError,
+    TransactionRequiredError,
+)
+from .models import (
+    COLUMNS,
+    MAX_ERROR_CODE_LENGTH,
+    MAX_ERROR_MESSAGE_BYTES,
+    OutboxEvent,
+    OutboxStatus,
+    bind_model,
+    to_utc,
+)
+from .payload import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload, redact
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], dt.datetime]
+
+_BY_PK = "outbox_event FORCE INDEX (PRIMARY)"
+_BY_STATUS = "outbox_event FORCE INDEX (ix_outbox_event_status_available_at)"
+_BY_LOCKED_AT = "outbox_event FORCE INDEX (ix_outbox_event_locked_at)"
+_SELECT = "SELECT " + ", ".join(f"`{c}`" for c in COLUMNS) + " FROM "
+_CHUNK = 500  # ids per IN (…) list
+
+_PENDING = OutboxStatus.PENDING.value
+_PROCESSING = OutboxStatus.PROCESSING.value
+_PUBLISHED = OutboxStatus.PUBLISHED.value
+_FAILED = OutboxStatus.FAILED.value
+
+_INSERT = (
+    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
+    " status, attempt_count, available_at, created_at, updated_at)"
+    f" VALUES (%s, %s, %s, %s, %s, '{_PENDING}', 0, %s, %s, %s)"
+)
+_CLAIM_SET = (
+    f"SET status = '{_PROCESSING}', locked_by = %s, locked_at = %s,"
+    " attempt_count = attempt_count + 1, updated_at = %s"
+)
+_MARK_PROCESSING = (
+    f"UPDATE {_BY_PK} {_CLAIM_SET}"
+    f" WHERE id = %s AND status = '{_PENDING}' AND available_at <= %s"
+)
+_MARK_PUBLISHED = (
+    f"UPDATE {_BY_PK} SET status = '{_PUBLISHED}', published_at = %s,"
+    " locked_by = NULL, locked_at = NULL, updated_at = %s"
+    f" WHERE id = %s AND status = '{_PROCESSING}' AND locked_by = %s"
+)
+_FIND_DISPATCHABLE = (
+    f"{_SELECT}{_BY_STATUS} WHERE status = '{_PENDING}' AND available_at <= %s"
+    " ORDER BY available_at, id LIMIT %s"
+)
+# Assignments read a column before any later assignment writes it, so the statements mean the
+# same under MySQL's left-to-right rule and MariaDB's SIMULTANEOUS_ASSIGNMENT mode.
+_FAILED_FOR_GOOD = (
+    f"UPDATE {_BY_PK} SET status = '{_FAILED}', last_error_code = %s,"
+    " last_error_message = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
+    f" WHERE id = %s AND status = '{_PROCESSING}' AND locked_by = %s"
+)
+
+
+def _placeholders(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
+def _chunks(ids: list[int]) -> Iterator[list[int]]:
+    for start in range(0, len(ids), _CHUNK):
+        yield ids[start:start + _CHUNK]
+
+
+def _errno(exc: BaseException) -> int | None:
+    orig = getattr(exc, "orig", exc)
+    args = getattr(orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class OutboxRepository:
+    """The outbox on one Peewee ``database`` (the object the caller opens ``atomic()`` on).
+
+    Options (keyword-only): ``max_attempts`` claims before an event is dead-lettered;
+    ``backoff`` the :class:`Backoff` between retries; ``clock`` returns the current aware
+    datetime (inject one in tests); ``max_payload_bytes`` the JSON size limit;
+    ``allowed_payload_keys`` key names the credential guard must let through;
+    ``claim_window`` how many candidates per wanted event ``claim_batch`` reads at a time.
+    """
+
+    def __init__(
+        self,
+        database: pw.Database,
+        *,
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        clock: Clock = _utc_now,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        allowed_payload_keys: Collection[str] = (),
+        claim_window: int = 4,
+    ) -> None:
+        if not isinstance(database, pw.Database):
+            raise TypeError(f"database must be a peewee Database, not {type(database).__name__}")
+        self.database = database
+        self.max_attempts = _checks.positive_int("max_attempts", max_attempts, 1_000)
+        self.backoff = backoff if backoff is not None else Backoff()
+        if not isinstance(self.backoff, Backoff):
+            raise TypeError("backoff must be an outbox_lite.Backoff")
+        if not callable(clock):
+            raise TypeError("clock must be a callable returning an aware datetime")
+        self.clock = clock
+        self.max_payload_bytes = _checks.positive_int("max_payload_bytes", max_payload_bytes)
+        if isinstance(allowed_payload_keys, str):
+            raise TypeError("allowed_payload_keys must be a collection of key names")
+        self.allowed_payload_keys = frozenset(allowed_payload_keys)
+        self.claim_window = _checks.positive_int("claim_window", claim_window, 100)
+        #: The OutboxEvent model bound to ``database``, for the caller's own queries.
+        self.model: type[OutboxEvent] = bind_model(database)
+        self._fields = self.model._meta.sorted_fields
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _now(self) -> dt.datetime:
+        return to_utc(self.clock())
+
+    def _require_transaction(self, method: str) -> None:
+        if not self.database.in_transaction():
+            raise TransactionRequiredError(
+                f"{method}() must run inside the caller's transaction "
+                "(with database.atomic(): ...)")
+
+    def _execute(self, sql: str, params: Sequence[Any]) -> Any:
+        """Run one statement; translate lock conflicts and lost connections to our errors."""
+        try:
+            return self.database.execute_sql(sql, params)
+        except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
+            errno = _errno(exc)
+            if errno in (1205, 1213):
+                raise LockConflictError(errno, str(getattr(exc, "orig", exc))) from exc
+            if isinstance(exc, pw.InterfaceError) or errno in (2006, 2013, 2055):
+                self._forget_connection()
+                raise ConnectionLostError(
+                    f"lost the connection to the server ({exc}); "
+                    "the next call outside a transaction reconnects") from exc
+            raise
+
+    def _forget_connection(self) -> None:
+        # Inside the caller's transaction the caller's atomic() must see the failure and end
+        # it; outside one, drop the dead connection so Peewee opens a new one on next use.
+        if not self.database.in_transaction():
+            try:
+                self.database.close()
+            except pw.PeeweeException:
+                self.database.dispose()
+
+    def _event(self, row: Sequence[Any]) -> OutboxEvent:
+        data = {f.name: f.python_value(v) for f, v in zip(self._fields, row)}
+        event = self.model(__no_default__=1, **data)
+        event._dirty.clear()
+        return event
+
+    def _select(self, sql: str, params: Sequence[Any]) -> list[OutboxEvent]:
+        return [self._event(row) for row in self._execute(sql, params).fetchall()]
+
+    # -- writing ------------------------------------------------------------------------
+
+    def create_in_transaction(
+        self,
+        *,
+        event_type: str,
+        aggregate_type: str,
+        aggregate_id: str,
+        payload: Any,
+        dedupe_key: str | None = None,
+        available_at: dt.datetime | None = None,
+    ) -> OutboxEvent:
+        """Insert a ``pending`` event in the caller's open transaction and return it.
+
+        Raises TransactionRequiredError outside a transaction, InvalidEventError (or a
+        PayloadError) for bad input, both before any SQL, and DuplicateEventError when
+        ``dedupe_key`` exists (the caller's transaction stays usable).
+        """
+        self._require_transaction("create_in_transaction")
+        event_type = _checks.name("event_type", event_type)
+        aggregate_type = _checks.name("aggregate_type", aggregate_type)
+        aggregate_id = _checks.name("aggregate_id", aggregate_id)
+        if dedupe_key is None:
+            dedupe_key = uuid.uuid4().hex
+        else:
+            dedupe_key = _checks.name("dedupe_key", dedupe_key)
+        body = encode_payload(payload, max_bytes=self.max_payload_bytes,
+                              allowed_keys=self.allowed_payload_keys)
+        now = self._now()
+        available = now if available_at is None else _checks.instant("available_at", available_at)
+        params = (event_type, aggregate_type, aggregate_id, dedupe_key, body, available, now, now)
+        try:
+            cursor = self._execute(_INSERT, params)
+        except pw.IntegrityError as exc:
+            if _errno(exc) == 1062 and "dedupe_key" in str(exc):
+                raise DuplicateEventError(dedupe_key) from exc
+            raise
+        utc = dt.timezone.utc
+        event = self.model(
+            __no_default__=1, id=cursor.lastrowid, event_type=event_type,
+            aggregate_type=aggregate_type, aggregate_id=aggregate_id, dedupe_key=dedupe_key,
+            payload=json.loads(body), status=_PENDING, attempt_count=0,
+            available_at=available.replace(tzinfo=utc), locked_at=None, locked_by=None,
+            published_at=None, last_error_code=None, last_error_message=None,
+            created_at=now.replace(tzinfo=utc), updated_at=now.replace(tzinfo=utc))
+        event._dirty.clear()
+        return event
+
+    # -- claiming -----------------------------------------------------------------------
+
+    def find_dispatchable(self, limit: int = 100) -> list[OutboxEvent]:
+        """Pending events whose ``available_at`` has passed, oldest first; locks nothing."""
+        limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
+        return self._select(_FIND_DISPATCHABLE, (self._now(), limit))
+
+    def mark_processing(self, event_id: int, locked_by: str) -> bool:
+        """Claim one dispatchable event for ``locked_by`` (compare-and-set).
+
+        Returns True for exactly one of many racing callers; False when the event is not
+        pending, not yet available, or missing.
+        """
+        event_id = _checks.event_id(event_id)
+        locked_by = _checks.name("locked_by", locked_by)
+        now = self._now()
+        cursor = self._execute(_MARK_PROCESSING, (locked_by, now, now, event_id, now))
+        return cursor.rowcount == 1
+
+    def claim_batch(self, locked_by: str, limit: int = 100) -> list[OutboxEvent]:
+        """Claim up to ``limit`` dispatchable events for ``locked_by`` in the caller's
+        transaction; concurrent claimers get disjoint sets without waiting on each other.
+
+        Returns the claimed events (already ``processing``), oldest ``available_at`` first.
+        """
+        self._require_transaction("claim_batch")
+        locked_by = _checks.name("locked_by", locked_by)
+        limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
+        now = self._now()
+        claimed: list[Sequence[Any]] = []
+        pages = self._pages(_BY_STATUS, f"status = '{_PENDING}' AND available_at <= %s", (now,),
+                            "available_at", limit * self.claim_window)
+        for ids in pages:
+            sql = (f"{_SELECT}{_BY_PK} WHERE id IN ({_placeholders(len(ids))})"
+                   f" AND status = '{_PENDING}' AND available_at <= %s"
+                   " LIMIT %s FOR UPDATE SKIP LOCKED")
+            claimed.extend(self._execute(sql, (*ids, now, limit - len(claimed))).fetchall())
+            if len(claimed) >= limit:
+                break
+        if not claimed:
+            return []
+        ids = [row[0] for row in claimed]
+        self._execute(f"UPDATE {_BY_PK} {_CLAIM_SET} WHERE id IN ({_placeholders(len(ids))})",
+                      (locked_by, now, now, *ids))
+        events = [self._event(row) for row in claimed]
+        aware_now = now.replace(tzinfo=dt.timezone.utc)
+        for event in events:
+            event.status = _PROCESSING
+            event.locked_by = locked_by
+            event.locked_at = event.updated_at = aware_now
+            event.attempt_count += 1
+            event._dirty.clear()
+        events.sort(key=lambda e: (e.available_at, e.id))
+        return events
+
+    def _pages(self, source: str, where: str, params: Sequence[Any], key: str,
+               size: int) -> Iterator[list[int]]:
+        """Ids of the rows matching ``where``, ordered by (``key``, id), ``size`` at a time.
+
+        A lock-free read, paged by key set rather than OFFSET, so it ends even when the rows
+        it returned stay as they were (a caller's REPEATABLE READ snapshot never changes).
+        """
+        after: Sequence[Any] | None = None
+        while True:
+            sql = f"SELECT id, {key} FROM {source} WHERE {where}"
+            args = list(params)
+            if after is not None:
+                sql += f" AND ({key} > %s OR ({key} = %s AND id > %s))"
+                args += [after[1], after[1], after[0]]
+            sql += f" ORDER BY {key}, id LIMIT %s"
+            rows = self._execute(sql, (*args, size)).fetchall()
+            if rows:
+                yield [row[0] for row in rows]
+            if len(rows) < size:
+                return
+            after = rows[-1]
+
+    # -- outcomes -----------------------------------------------------------------------
+
+    def mark_published(self, event_id: int, locked_by: str) -> bool:
+        """Record that ``locked_by`` published the event it holds; clears the lock.
+
+        False (and nothing changed) unless the event is ``processing`` and held by
+        ``locked_by``: a worker whose claim expired and was taken over is fenced off.
+        """
+        event_id = _checks.event_id(event_id)
+        locked_by = _checks.name("locked_by", locked_by)
+        now = self._now()
+        return self._execute(_MARK_PUBLISHED, (now, now, event_id, locked_by)).rowcount == 1
+
+    def mark_failed(self, event_id: int, locked_by: str, error_code: str, error_message: str,
+                    *, retryable: bool = True) -> bool:
+        """Record a failed publish by ``locked_by`` (same fencing as :meth:`mark_published`).
+
+        Retryable with attempts left: back to ``pending``, ``available_at`` pushed out by the
+        backoff. Otherwise ``failed`` (a dead letter). The message is stored with credentials
+        redacted and cut to the column's 65,535 bytes.
+        """
+        event_id = _checks.event_id(event_id)
+        locked_by = _checks.name("locked_by", locked_by)
+        error_code = _checks.name("error_code", error_code, MAX_ERROR_CODE_LENGTH)
+        if not isinstance(error_message, str):
+            raise InvalidEventError(
+                f"error_message must be a str, not {type(error_message).__name__}")
+        message = _checks.bounded_text("error_message", redact(error_message),
+                                       MAX_ERROR_MESSAGE_BYTES)
+        retryable = _checks.flag("retryable", retryable)
+        now = self._now()
+        tail = (error_code, message, now, event_id, locked_by)
+        if not retryable or self.max_attempts == 1:
+            return self._execute(_FAILED_FOR_GOOD, tail).rowcount == 1
+        # The retry instant depends on attempt_count, which only the row knows: precompute
+        # one instant per attempt (each with its own jitter) and let the row pick.
+        steps = min(self.max_attempts - 1, self.backoff.uncapped_attempts())
+        whens = " ".join(f"WHEN {n} THEN %s" for n in range(1, steps + 1))
+        retry_at = [now + self.backoff.delay(n) for n in range(1, steps + 2)]
+        sql = (
+            f"UPDATE {_BY_PK} SET available_at = IF(attempt_count < %s,"
+            f" CASE attempt_count {whens} ELSE %s END, available_at),"
+            f" status = IF(attempt_count < %s, '{_PENDING}', '{_FAILED}'),"
+            " last_error_code = %s, last_error_message = %s,"
+            " locked_by = NULL, locked_at = NULL, updated_at = %s"
+            f" WHERE id = %s AND status = '{_PROCESSING}' AND locked_by = %s"
+        )
+        params = (self.max_attempts, *retry_at, self.max_attempts, *tail)
+        return self._execute(sql, params).rowcount == 1
+
+    # -- recovery -----------------------------------------------------------------------
+
+    def release_expired_locks(self, lock_timeout: dt.timedelta | float) -> int:
+        """Return ``processing`` events claimed longer than ``lock_timeout`` ago to ``pending``
+        (or ``failed`` once attempts are exhausted), with ``last_error_code='lock_expired'``.
+
+        Returns how many were released. Works in autocommit and in a caller's transaction.
+        """
+        timeout = _checks.duration("lock_timeout", lock_timeout)
+        now = self._now()
+        cutoff = now - timeout
+        update = (
+            f"UPDATE {_BY_PK} SET last_error_message = CONCAT('claim by ', locked_by,"
+            " ' taken at ', locked_at, ' UTC expired'),"
+            f" status = IF(attempt_count >= %s, '{_FAILED}', '{_PENDING}'),"
+            " last_error_code = 'lock_expired', locked_by = NULL, locked_at = NULL,"
+            " updated_at = %s WHERE id IN ({ids})"
+            f" AND status = '{_PROCESSING}' AND locked_at < %s"
+        )
+        released = 0
+        for ids in self._pages(_BY_LOCKED_AT, f"locked_at < %s AND status = '{_PROCESSING}'",
+                               (cutoff,), "locked_at", _CHUNK):
+            cursor = self._execute(update.format(ids=_placeholders(len(ids))),
+                                   (self.max_attempts, now, *ids, cutoff))
+            released += cursor.rowcount
+        if released:
+            logger.info("released %s expired outbox claims", released)
+        return released
+
+    def requeue_failed(self, event_ids: Iterable[int] | None = None) -> int:
+        """Move ``failed`` events (all, or those in ``event_ids``) back to ``pending`` with
+        ``attempt_count = 0``, dispatchable now. Returns how many moved."""
+        now = self._now()
+        update = (f"UPDATE {_BY_PK} SET status = '{_PENDING}', attempt_count = 0,"
+                  " available_at = %s, updated_at = %s"
+                  f" WHERE id IN ({{ids}}) AND status = '{_FAILED}'")
+        if event_ids is not None:
+            pages = _chunks(_checks.event_ids(event_ids))
+        else:
+            pages = self._pages(_BY_STATUS, f"status = '{_FAILED}'", (), "available_at", _CHUNK)
+        return sum(self._execute(update.format(ids=_placeholders(len(ids))),
+                                 (now, now, *ids)).rowcount
+                   for ids in pages)

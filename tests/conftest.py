@@ -1,0 +1,150 @@
+"""Test fixtures. The server is read from one place: ``OUTBOX_TEST_DATABASE_URL``.
+
+Every test gets a database of its own, created and migrated for it and dropped after it.
+Without a reachable server the run stops with an error: a skipped suite proves nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+import threading
+from typing import Any, Callable
+
+import pymysql
+import pytest
+
+from outbox_lite import Backoff, OutboxRepository
+from outbox_lite import migrate as schema
+from outbox_lite._db import DatabaseUrl
+
+TEST_URL = DatabaseUrl.parse(
+    os.environ.get("OUTBOX_TEST_DATABASE_URL", "mysql://root@127.0.0.1:3306/outbox_lite_test"))
+_counter = itertools.count()
+T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    try:
+        TEST_URL.server_connection().close()
+    except pymysql.MySQLError as exc:
+        pytest.exit(f"the test server {TEST_URL} is unreachable: {exc}", returncode=3)
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: dt.datetime = T0) -> None:
+        self.now = now
+        self._lock = threading.Lock()
+
+    def __call__(self) -> dt.datetime:
+        with self._lock:
+            return self.now
+
+    def advance(self, **delta: float) -> dt.datetime:
+        with self._lock:
+            self.now += dt.timedelta(**delta)
+            return self.now
+
+
+@pytest.fixture
+def db_url() -> Any:
+    url = TEST_URL.with_name(f"{TEST_URL.name}_{os.getpid()}_{next(_counter)}")
+    url.drop_database()
+    url.create_database()
+    database = url.database()
+    schema.migrate(database)
+    database.close()
+    yield url
+    url.drop_database()
+
+
+@pytest.fixture
+def db(db_url: DatabaseUrl) -> Any:
+    database = db_url.database()
+    database.execute_sql(
+        "CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(64) NOT NULL)")
+    yield database
+    if not database.is_closed():
+        database.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def repo(db: Any, clock: FakeClock) -> OutboxRepository:
+    return OutboxRepository(db, clock=clock, backoff=Backoff(base=10, cap=600, jitter=0))
+
+
+@pytest.fixture
+def fetch(db_url: DatabaseUrl) -> Callable[..., list[dict[str, Any]]]:
+    """Read committed state on a connection of its own: ``fetch(sql, *params)``."""
+    conn = pymysql.connect(database=db_url.name, autocommit=True,
+                           cursorclass=pymysql.cursors.DictCursor, **_params(db_url))
+
+    def run(sql: str, *params: Any) -> list[dict[str, Any]]:
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+
+    yield run
+    conn.close()
+
+
+def _params(url: DatabaseUrl) -> dict[str, Any]:
+    return {"host": url.host, "port": url.port, "user": url.user, "password": url.password}
+
+
+def new_event(repo: OutboxRepository, n: int = 0, **overrides: Any) -> Any:
+    """Create one event in a transaction of its own."""
+    fields = dict(event_type="job.created", aggregate_type="ai_job", aggregate_id=str(n),
+                  payload={"n": n})
+    fields.update(overrides)
+    with repo.database.atomic():
+        return repo.create_in_transaction(**fields)
+
+
+def seed(repo: OutboxRepository, count: int, **overrides: Any) -> list[int]:
+    """Create ``count`` events in one transaction; returns their ids."""
+    with repo.database.atomic():
+        return [repo.create_in_transaction(event_type="job.created", aggregate_type="ai_job",
+                                           aggregate_id=str(n), payload={"n": n},
+                                           **overrides).id
+                for n in range(count)]
+
+
+def run_threads(count: int, target: Callable[[int], Any], database: Any = None,
+                ) -> tuple[list[Any], list[BaseException]]:
+    """Start ``count`` threads released together by a Barrier; return results and errors.
+
+    Each thread has its own connection to ``database`` (Peewee's are per thread) and closes
+    it at the end.
+    """
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = target(i)
+        except BaseException as exc:  # noqa: BLE001 - collected for the main thread
+            with lock:
+                errors.append(exc)
+        finally:
+            if database is not None and not database.is_closed():
+                database.close()
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return results, errors

@@ -1,0 +1,130 @@
+"""The migrations: the table they make, idempotence, rollback, and an isolated history."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import peewee as pw
+from peewee_migrate import Router
+
+import outbox_lite
+from outbox_lite import migrate as schema
+from outbox_lite.models import COLUMNS, OutboxEvent
+
+EXPECTED_TYPES = {
+    "id": "bigint", "event_type": "varchar(255)", "aggregate_type": "varchar(255)",
+    "aggregate_id": "varchar(255)", "dedupe_key": "varchar(255)", "status": "varchar(16)",
+    "attempt_count": "int(10) unsigned", "available_at": "datetime(6)",
+    "locked_at": "datetime(6)", "locked_by": "varchar(255)", "published_at": "datetime(6)",
+    "last_error_code": "varchar(64)", "last_error_message": "text",
+    "created_at": "datetime(6)", "updated_at": "datetime(6)",
+}
+
+
+def _columns(fetch):
+    return fetch("SELECT column_name AS name, column_type AS type, is_nullable AS nullable,"
+                 " collation_name AS coll FROM information_schema.columns"
+                 " WHERE table_schema = DATABASE() AND table_name = 'outbox_event'"
+                 " ORDER BY ordinal_position")
+
+
+def test_table_has_the_sixteen_columns_of_the_spec_with_microsecond_instants(fetch):
+    columns = _columns(fetch)
+    assert [c["name"] for c in columns] == list(COLUMNS)
+    assert len(columns) == 16
+    types = {c["name"]: c["type"] for c in columns}
+    for name, expected in EXPECTED_TYPES.items():
+        assert types[name].startswith(expected), (name, types[name])
+    # MariaDB stores JSON as LONGTEXT with a json_valid CHECK; MySQL has a JSON type.
+    assert types["payload"] in ("json", "longtext")
+    coll = {c["name"]: c["coll"] for c in columns}
+    assert coll["dedupe_key"] == "utf8mb4_bin" and coll["locked_by"] == "utf8mb4_bin"
+
+
+def test_table_has_the_required_indexes_and_no_foreign_key(fetch):
+    rows = fetch("SELECT index_name AS name, non_unique, column_name AS col, seq_in_index AS seq"
+                 " FROM information_schema.statistics WHERE table_schema = DATABASE()"
+                 " AND table_name = 'outbox_event' ORDER BY index_name, seq_in_index")
+    indexes: dict[str, list[str]] = {}
+    unique = {}
+    for row in rows:
+        indexes.setdefault(row["name"], []).append(row["col"])
+        unique[row["name"]] = not row["non_unique"]
+    assert indexes["uq_outbox_event_dedupe_key"] == ["dedupe_key"]
+    assert unique["uq_outbox_event_dedupe_key"]
+    assert indexes["ix_outbox_event_status_available_at"] == ["status", "available_at"]
+    assert indexes["ix_outbox_event_locked_at"] == ["locked_at"]
+    assert indexes["ix_outbox_event_aggregate"] == ["aggregate_type", "aggregate_id"]
+    assert fetch("SELECT * FROM information_schema.referential_constraints"
+                 " WHERE constraint_schema = DATABASE()") == []
+    engine = fetch("SELECT engine FROM information_schema.tables WHERE table_schema = DATABASE()"
+                   " AND table_name = 'outbox_event'")
+    assert engine == [{"engine": "InnoDB"}] or engine == [{"ENGINE": "InnoDB"}]
+
+
+def test_status_check_constraint_refuses_unknown_states(db, fetch):
+    fetch("INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key,"
+          " payload, status, available_at, created_at, updated_at) VALUES"
+          " ('a', 'b', 'c', 'k1', '{}', 'pending', NOW(6), NOW(6), NOW(6))")
+    try:
+        fetch("UPDATE outbox_event SET status = 'lost' WHERE dedupe_key = 'k1'")
+    except Exception as exc:  # noqa: BLE001
+        assert "ck_outbox_event_status" in str(exc) or "CONSTRAINT" in str(exc)
+    else:
+        raise AssertionError("the CHECK constraint let an unknown status in")
+    assert fetch("SELECT status FROM outbox_event") == [{"status": "pending"}]
+
+
+def test_migrate_twice_is_a_no_op_and_rollback_undoes_it(db_url, fetch):
+    database = db_url.database()
+    assert schema.migrate(database) == []  # the fixture migrated already
+    assert schema.applied(database) == ["001_create_outbox_event"]
+    assert schema.rollback(database) == "001_create_outbox_event"
+    assert fetch("SHOW TABLES LIKE 'outbox_event'") == []
+    assert schema.rollback(database) is None
+    assert schema.migrate(database) == ["001_create_outbox_event"]
+    assert len(_columns(fetch)) == 16
+    database.close()
+
+
+def test_history_is_isolated_from_a_host_services_peewee_migrate(db_url, fetch, tmp_path):
+    database = db_url.database()
+    host_dir = tmp_path / "host_migrations"
+    host_dir.mkdir()
+    (host_dir / "001_host.py").write_text(
+        "def migrate(migrator, database, *, fake=False):\n"
+        "    migrator.sql('CREATE TABLE host_thing (id INT PRIMARY KEY)')\n")
+    host = Router(database, migrate_dir=host_dir)  # the host's own, default history table
+    assert host.run() == ["001_host"]
+    # Ours, built after the host's router, must not read or write the host's history ...
+    assert schema.applied(database) == ["001_create_outbox_event"]
+    assert schema.migrate(database) == []
+    # ... and the host's history must still hold only the host's migration.
+    assert [r["name"] for r in fetch("SELECT name FROM migratehistory")] == ["001_host"]
+    assert [r["name"] for r in fetch(f"SELECT name FROM {schema.HISTORY_TABLE}")] == [
+        "001_create_outbox_event"]
+    assert host.done == ["001_host"]
+    database.close()
+
+
+def test_model_fields_match_the_migrated_table(db, fetch):
+    table = {c["name"]: c for c in _columns(fetch)}
+    for field in OutboxEvent._meta.sorted_fields:
+        column = table[field.column_name]
+        assert (column["nullable"] == "YES") == field.null, field.name
+        if isinstance(field, pw.CharField):
+            assert column["type"] == f"varchar({field.max_length})", field.name
+
+
+def test_the_installed_distribution_carries_the_migrations():
+    assert (schema.migrations_dir() / "001_create_outbox_event.py").is_file()
+    dist = importlib.metadata.distribution("outbox-lite")
+    files = {str(f): f for f in (dist.files or [])}
+    if any(name.startswith("outbox_lite/") for name in files):  # a regular (wheel) install
+        shipped = files["outbox_lite/migrations/001_create_outbox_event.py"]
+        assert Path(dist.locate_file(shipped)).is_file()
+        assert "outbox_lite/py.typed" in files
+    else:  # an editable install reads the checkout's migrations/
+        checkout = Path(outbox_lite.__file__).resolve().parent.parent
+        assert schema.migrations_dir() == checkout / "migrations"
