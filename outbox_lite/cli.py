@@ -24,6 +24,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _SERVER_ERRORS = {
     1044: "access denied to database {url.name} for user {url.user}",
     1045: "access denied for user {url.user} (check the user and password)",
+    1698: "access denied for user {url.user} (check the user and password)",
     1049: "database {url.name} does not exist (run: outbox-lite migrate)",
     1146: "table outbox_event is missing in {url.name} (run: outbox-lite migrate)",
     2003: "cannot reach the MySQL server at {url.host}:{url.port}",

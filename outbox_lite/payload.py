@@ -118,7 +118,7 @@ _SHAPES = (
     # key=value inside text: a query string, a connection string, a log line.
     _Shape("key=value secret", re.compile(
         r"(?i)\b(?:password|passwd|pwd|secret|token|api[_\-]?key|access[_\-]?key|"
-        r"client[_\-]?secret|auth)(?:=|:(?=\S))(?P<secret>[^\s&;,'\"]{3,})")),
+        r"client[_\-]?secret)(?:=|:(?=\S))(?P<secret>[^\s&;,'\"]{3,})")),
 )
 
 
