@@ -6,6 +6,7 @@ Every failure ends as one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -70,6 +71,40 @@ def _cmd_migrate(args: argparse.Namespace, url: DatabaseUrl) -> int:
     return EXIT_OK
 
 
+def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    from .contention import ContentionSuite, format_table
+
+    def progress(message: str) -> None:
+        if not args.json:
+            print(f"... {message}", file=sys.stderr, flush=True)
+
+    target = url.with_name(f"{url.name}_contention")
+    suite = ContentionSuite(target, workers=args.workers, events=args.events,
+                            batch_size=args.batch_size, max_attempts=args.max_attempts,
+                            keep=args.keep, progress=progress)
+    results = suite.run(args.scenario or _all_scenarios())
+    if args.json:
+        print(json.dumps({"database": str(target), "workers": args.workers,
+                          "events": args.events, "batch_size": args.batch_size,
+                          "ok": all(r.ok for r in results),
+                          "scenarios": [r.as_dict() for r in results]}, indent=2))
+    else:
+        print(format_table(results))
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED
+
+
+def _all_scenarios() -> tuple[str, ...]:
+    from .contention import SCENARIOS
+    return SCENARIOS
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _add_database_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url", metavar="URL",
@@ -90,6 +125,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_database_flag(p)
     p.add_argument("--rollback", action="store_true", help="undo the last applied migration")
     p.set_defaults(handler=_cmd_migrate)
+
+    p = commands.add_parser(
+        "contention", help="run the multi-worker lock contention suite",
+        description="Worker threads, each on its own connection, race over an outbox seeded "
+                    "in a fresh database named <database>_contention (dropped afterwards "
+                    "unless --keep). Each scenario checks its invariants against the "
+                    "database; the exit status is 1 when one breaks.")
+    _add_database_flag(p)
+    p.add_argument("--scenario", action="append", choices=_all_scenarios(),
+                   help="run only this scenario (repeatable; default: all, in order)")
+    p.add_argument("--workers", type=_positive, default=8,
+                   help="worker threads, each with its own connection (default: 8)")
+    p.add_argument("--events", type=_positive, default=2000,
+                   help="events seeded per scenario (default: 2000)")
+    p.add_argument("--batch-size", type=_positive, default=50,
+                   help="claim_batch limit per claim (default: 50)")
+    p.add_argument("--max-attempts", type=_positive, default=3,
+                   help="attempts before a dead letter, for crash/retry (default: 3)")
+    p.add_argument("--keep", action="store_true", help="keep the contention database")
+    p.add_argument("--json", action="store_true", help="print one JSON document, no table")
+    p.set_defaults(handler=_cmd_contention)
     return parser
 
 
@@ -107,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = _url(args)
         return handler(args, url)
     except DatabaseUrlError as exc:
+        print(f"outbox-lite: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:
         print(f"outbox-lite: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (CommandError, OutboxError, pw.PeeweeException, pymysql.MySQLError, OSError,

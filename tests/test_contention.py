@@ -1,0 +1,97 @@
+"""The contention suite at a small size: every scenario holds, and a broken repository fails it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from outbox_lite import OutboxRepository
+from outbox_lite.cli import main
+from outbox_lite.contention import SCENARIOS, ContentionSuite, format_table
+
+from conftest import TEST_URL
+
+
+@pytest.fixture
+def suite_url():
+    url = TEST_URL.with_name(f"{TEST_URL.name}_suite_{os.getpid()}")
+    yield url
+    url.drop_database()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_each_scenario_holds_its_invariants(suite_url, scenario):
+    suite = ContentionSuite(suite_url, workers=6, events=300, batch_size=10)
+    [result] = suite.run([scenario])
+    assert result.violations == []
+    assert result.ok and result.claims > 0 and result.seconds > 0
+    if scenario == "cas":
+        assert result.cas_misses is not None
+    assert result.deadlocks == 0
+
+
+def test_the_run_drops_its_database_unless_kept(suite_url):
+    ContentionSuite(suite_url, workers=2, events=10).run(["batch"])
+    conn = suite_url.server_connection()
+    with conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = %s",
+                    (suite_url.name,))
+        assert cur.fetchone() == (0,)
+        ContentionSuite(suite_url, workers=2, events=10, keep=True).run(["batch"])
+        cur.execute("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = %s",
+                    (suite_url.name,))
+        assert cur.fetchone() == (1,)
+    conn.close()
+
+
+class _NoFencing(OutboxRepository):
+    """Broken on purpose: publishes whatever the caller names, held by anyone or not."""
+
+    def mark_published(self, event_id, locked_by):
+        now = self._now()
+        return self.database.execute_sql(
+            "UPDATE outbox_event SET status = 'published', published_at = %s,"
+            " locked_by = NULL, locked_at = NULL WHERE id = %s",
+            (now, event_id)).rowcount == 1
+
+
+class _ForgetsRetries(OutboxRepository):
+    """Broken on purpose: every failure dead-letters, retryable or not."""
+
+    def mark_failed(self, event_id, locked_by, error_code, error_message, *, retryable=True):
+        return super().mark_failed(event_id, locked_by, error_code, error_message,
+                                   retryable=False)
+
+
+@pytest.mark.parametrize("broken,scenario,words", [
+    (_NoFencing, "fencing", "stale calls were accepted"),
+    (_ForgetsRetries, "retry", "statuses"),
+])
+def test_a_broken_repository_breaks_the_invariants(suite_url, broken, scenario, words):
+    suite = ContentionSuite(suite_url, workers=4, events=100, batch_size=10,
+                            repository_factory=broken)
+    [result] = suite.run([scenario])
+    assert not result.ok
+    assert any(words in v for v in result.violations), result.violations
+    assert "BROKEN" in format_table([result])
+
+
+def test_cli_prints_json_and_exits_zero(capsys):
+    name = f"{TEST_URL.name}_cli_suite_{os.getpid()}"  # the suite runs in <name>_contention
+    url = f"mysql://{TEST_URL.user}@{TEST_URL.host}:{TEST_URL.port}/{name}"
+    code = main(["contention", "--database-url", url, "--scenario", "batch",
+                 "--scenario", "dedupe", "--workers", "3", "--events", "30", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["ok"] is True
+    assert [s["scenario"] for s in doc["scenarios"]] == ["batch", "dedupe"]
+    assert all(s["ok"] and s["violations"] == [] for s in doc["scenarios"])
+
+
+def test_cli_refuses_bad_sizes():
+    with pytest.raises(SystemExit) as info:
+        main(["contention", "--workers", "0"])
+    assert info.value.code == 2
