@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
 import re
-from typing import Any, Callable, Collection, Iterator, NamedTuple
+from typing import Any, Callable, Collection, NamedTuple
 
 from .errors import CredentialInPayloadError, PayloadError
 
@@ -47,10 +48,12 @@ def _key_words(key: str) -> list[str]:
     return [w.lower() for w in _WORD_RE.findall(key)]
 
 
+@functools.lru_cache(maxsize=4096)
 def _normalise_key(key: str) -> str:
     return "".join(_key_words(key))
 
 
+@functools.lru_cache(maxsize=4096)
 def is_sensitive_key(key: str) -> bool:
     """True when ``key`` names a credential (its last word or last two words do)."""
     words = _key_words(key)
@@ -81,52 +84,66 @@ def _is_basic_credential(token: str) -> bool:
 
 class _Shape(NamedTuple):
     reason: str
+    triggers: tuple[str, ...]  # lower-case; the pattern can only match text holding one
     pattern: re.Pattern[str]
     check: Callable[[str], bool] | None = None  # applied to the "secret" group
 
 
 _SHAPES = (
-    _Shape("PEM private key", re.compile(
+    _Shape("PEM private key", ("private key",), re.compile(
         r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?P<secret>[\s\S]*?)"
         r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|$)")),
-    _Shape("URL with a password", re.compile(
+    _Shape("URL with a password", ("://",), re.compile(
         r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s/:@]*:(?P<secret>[^\s/@]+)@")),
-    _Shape("bearer token", re.compile(
+    _Shape("bearer token", ("bearer",), re.compile(
         r"(?i)\bbearer\s+(?P<secret>[A-Za-z0-9\-._~+/]{16,}=*)"), _has_digit_and_letter),
-    _Shape("basic auth header", re.compile(
+    _Shape("basic auth header", ("basic",), re.compile(
         r"(?i)\bbasic\s+(?P<secret>[A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])"),
         _is_basic_credential),
-    _Shape("JWT", re.compile(
+    _Shape("JWT", ("eyj",), re.compile(
         r"\b(?P<secret>eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]{10,})")),
-    _Shape("cloud access key", re.compile(
-        r"\b(?P<secret>(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16})\b")),
-    _Shape("Google API key", re.compile(r"\b(?P<secret>AIza[0-9A-Za-z_\-]{35})")),
-    _Shape("GitHub token", re.compile(
+    _Shape("cloud access key",
+           ("akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa"), re.compile(
+               r"\b(?P<secret>(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16})\b")),
+    _Shape("Google API key", ("aiza",), re.compile(r"\b(?P<secret>AIza[0-9A-Za-z_\-]{35})")),
+    _Shape("GitHub token", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), re.compile(
         r"\b(?P<secret>gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})")),
-    _Shape("GitLab token", re.compile(r"\b(?P<secret>glpat-[A-Za-z0-9_\-]{20,})")),
-    _Shape("Slack token", re.compile(r"\b(?P<secret>xox[abposr]-[A-Za-z0-9\-]{10,})")),
-    _Shape("Slack webhook", re.compile(
+    _Shape("GitLab token", ("glpat-",), re.compile(r"\b(?P<secret>glpat-[A-Za-z0-9_\-]{20,})")),
+    _Shape("Slack token", ("xox",), re.compile(r"\b(?P<secret>xox[abposr]-[A-Za-z0-9\-]{10,})")),
+    _Shape("Slack webhook", ("hooks.slack.com",), re.compile(
         r"hooks\.slack\.com/services/(?P<secret>[A-Za-z0-9]+/[A-Za-z0-9]+/[A-Za-z0-9]+)")),
-    _Shape("Stripe key", re.compile(r"\b(?P<secret>[sr]k_(?:live|test)_[A-Za-z0-9]{16,})")),
-    _Shape("API secret key", re.compile(r"\b(?P<secret>sk-[A-Za-z0-9_\-]{20,})"),
+    _Shape("Stripe key", ("k_live_", "k_test_"), re.compile(
+        r"\b(?P<secret>[sr]k_(?:live|test)_[A-Za-z0-9]{16,})")),
+    _Shape("API secret key", ("sk-",), re.compile(r"\b(?P<secret>sk-[A-Za-z0-9_\-]{20,})"),
            _has_digit_and_letter),
-    _Shape("npm token", re.compile(r"\b(?P<secret>npm_[A-Za-z0-9]{36})\b")),
-    _Shape("SendGrid key", re.compile(
+    _Shape("npm token", ("npm_",), re.compile(r"\b(?P<secret>npm_[A-Za-z0-9]{36})\b")),
+    _Shape("SendGrid key", ("sg.",), re.compile(
         r"\b(?P<secret>SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,})")),
-    _Shape("Azure account key", re.compile(
+    _Shape("Azure account key", ("accountkey=", "sharedaccesskey="), re.compile(
         r"(?i)\b(?:AccountKey|SharedAccessKey)=(?P<secret>[A-Za-z0-9+/=]{16,})")),
     # key=value inside text: a query string, a connection string, a log line.
-    _Shape("key=value secret", re.compile(
+    _Shape("key=value secret", ("pass", "pwd", "secret", "token", "key=", "key:"), re.compile(
         r"(?i)\b(?:password|passwd|pwd|secret|token|api[_\-]?key|access[_\-]?key|"
         r"client[_\-]?secret)(?:=|:(?=\S))(?P<secret>[^\s&;,'\"]{3,})")),
 )
+_SHORTEST_SHAPE = 7  # "pwd=abc", "a://:b@": nothing shorter can hold a credential
+
+
+def _may_hold_credential(text: str) -> bool:
+    """False when no shape can match ``text``: a cheap test of literal triggers."""
+    lowered = text.lower()
+    return any(t in lowered for shape in _SHAPES for t in shape.triggers)
 
 
 def _credential_in_text(text: str) -> str | None:
+    if len(text) < _SHORTEST_SHAPE:
+        return None
+    lowered = text.lower()
     for shape in _SHAPES:
-        for match in shape.pattern.finditer(text):
-            if shape.check is None or shape.check(match.group("secret")):
-                return shape.reason
+        if any(t in lowered for t in shape.triggers):
+            for match in shape.pattern.finditer(text):
+                if shape.check is None or shape.check(match.group("secret")):
+                    return shape.reason
     return None
 
 
@@ -149,53 +166,62 @@ def redact(text: str) -> str:
 # Encoding
 # ---------------------------------------------------------------------------
 
-def _child_path(path: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-        return f"{path}.{key}"
-    return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
-
-
-def _walk(value: Any, path: str, depth: int, sensitive: bool,
-          allowed: Collection[str]) -> Iterator[tuple[str, str]]:
-    """Yield (path, reason) for each credential; raise PayloadError for non-JSON shapes."""
-    if isinstance(value, dict):
-        if depth > MAX_DEPTH:
-            raise PayloadError(f"payload is nested deeper than {MAX_DEPTH} levels at {path}")
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise PayloadError(
-                    f"payload keys must be strings; {path} has a {type(key).__name__} key")
-            child = _child_path(path, key)
-            reason = _credential_in_text(key)
-            if reason:
-                yield child, reason
-            key_is_sensitive = (is_sensitive_key(key)
-                                and _normalise_key(key) not in allowed)
-            yield from _walk(item, child, depth + 1, key_is_sensitive, allowed)
-    elif isinstance(value, (list, tuple)):
-        if depth > MAX_DEPTH:
-            raise PayloadError(f"payload is nested deeper than {MAX_DEPTH} levels at {path}")
-        for index, item in enumerate(value):
-            yield from _walk(item, _child_path(path, index), depth + 1, sensitive, allowed)
-    elif isinstance(value, str):
-        if sensitive and value.strip():
-            yield path, "sensitive key"
+def _format_path(trail: list[str | int]) -> str:
+    path = "$"
+    for key in trail:
+        if isinstance(key, int):
+            path += f"[{key}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            path += f".{key}"
         else:
-            reason = _credential_in_text(value)
-            if reason:
-                yield path, reason
-    elif isinstance(value, bool) or value is None:
+            path += f"[{json.dumps(key, ensure_ascii=False)}]"
+    return path
+
+
+def _check(value: Any, trail: list[str | int], sensitive: bool,
+           allowed: Collection[str], scan: bool) -> None:
+    """Raise PayloadError for a non-JSON shape, CredentialInPayloadError for a credential.
+
+    ``trail`` is the list of keys down to ``value``, turned into a path only on error;
+    ``scan`` False means no string can hold a credential-shaped value (see encode_payload).
+    """
+    if isinstance(value, str):
+        if sensitive and value.strip():
+            raise CredentialInPayloadError(_format_path(trail), "sensitive key")
+        reason = scan and _credential_in_text(value)
+        if reason:
+            raise CredentialInPayloadError(_format_path(trail), reason)
+    elif isinstance(value, (dict, list, tuple)):
+        if len(trail) >= MAX_DEPTH:
+            raise PayloadError(
+                f"payload is nested deeper than {MAX_DEPTH} levels at {_format_path(trail)}")
+        is_dict = isinstance(value, dict)
+        for key, item in value.items() if is_dict else enumerate(value):
+            child_sensitive = sensitive
+            if is_dict:
+                if not isinstance(key, str):
+                    raise PayloadError(f"payload keys must be strings; {_format_path(trail)} "
+                                       f"has a {type(key).__name__} key")
+                trail.append(key)
+                reason = scan and _credential_in_text(key)
+                if reason:
+                    raise CredentialInPayloadError(_format_path(trail), reason)
+                child_sensitive = is_sensitive_key(key) and _normalise_key(key) not in allowed
+            else:
+                trail.append(key)
+            _check(item, trail, child_sensitive, allowed, scan)
+            trail.pop()
+    elif value is None or isinstance(value, bool):
         return
     elif isinstance(value, (int, float)):
         if isinstance(value, float) and not math.isfinite(value):
-            raise PayloadError(f"payload has a non-finite number (NaN or Infinity) at {path}")
+            raise PayloadError("payload has a non-finite number (NaN or Infinity) at "
+                               + _format_path(trail))
         if sensitive:
-            yield path, "sensitive key"
+            raise CredentialInPayloadError(_format_path(trail), "sensitive key")
     else:
-        raise PayloadError(
-            f"payload value at {path} is a {type(value).__name__}, which is not JSON")
+        raise PayloadError(f"payload value at {_format_path(trail)} is a "
+                           f"{type(value).__name__}, which is not JSON")
 
 
 def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -211,9 +237,15 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         raise PayloadError(
             f"payload must be a JSON object (dict) or array (list), not {type(payload).__name__}")
     allowed = frozenset(_normalise_key(k) for k in allowed_keys)
-    for path, reason in _walk(payload, "$", 1, False, allowed):
-        raise CredentialInPayloadError(path, reason)
-    text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    try:
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        _check(payload, [], False, allowed, True)  # names the offending path
+        raise PayloadError(f"payload is not JSON: {exc}") from exc
+    # Without a backslash the JSON text holds every key and string exactly as given, so one
+    # look at it tells whether any of them may hold a credential-shaped value.
+    scan = "\\" in text or _may_hold_credential(text)
+    _check(payload, [], False, allowed, scan)
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:

@@ -147,7 +147,9 @@ class OutboxRepository:
         self.claim_window = _checks.positive_int("claim_window", claim_window, 100)
         #: The OutboxEvent model bound to ``database``, for the caller's own queries.
         self.model: type[OutboxEvent] = bind_model(database)
-        self._fields = self.model._meta.sorted_fields
+        self._converters = [
+            (f.name, f.python_value if f.python_value.__func__ is not pw.Field.python_value
+             else None) for f in self.model._meta.sorted_fields]
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -185,9 +187,19 @@ class OutboxRepository:
                 self.database.dispose()
 
     def _event(self, row: Sequence[Any]) -> OutboxEvent:
-        data = {f.name: f.python_value(v) for f, v in zip(self._fields, row)}
-        event = self.model(__no_default__=1, **data)
-        event._dirty.clear()
+        return self._instance({name: convert(v) if convert else v
+                               for (name, convert), v in zip(self._converters, row)})
+
+    def _instance(self, data: dict[str, Any]) -> OutboxEvent:
+        """A model instance over ``data`` (field name -> Python value), nothing dirty.
+
+        Peewee's constructor runs every field's descriptor; a claim builds many instances,
+        so this sets the instance state Peewee's own row readers leave behind directly.
+        """
+        event = self.model.__new__(self.model)
+        event.__data__ = data
+        event._dirty = set()
+        event.__rel__ = {}
         return event
 
     def _select(self, sql: str, params: Sequence[Any]) -> list[OutboxEvent]:
@@ -231,15 +243,13 @@ class OutboxRepository:
                 raise DuplicateEventError(dedupe_key) from exc
             raise
         utc = dt.timezone.utc
-        event = self.model(
-            __no_default__=1, id=cursor.lastrowid, event_type=event_type,
-            aggregate_type=aggregate_type, aggregate_id=aggregate_id, dedupe_key=dedupe_key,
-            payload=json.loads(body), status=_PENDING, attempt_count=0,
-            available_at=available.replace(tzinfo=utc), locked_at=None, locked_by=None,
-            published_at=None, last_error_code=None, last_error_message=None,
-            created_at=now.replace(tzinfo=utc), updated_at=now.replace(tzinfo=utc))
-        event._dirty.clear()
-        return event
+        return self._instance(dict(
+            id=cursor.lastrowid, event_type=event_type, aggregate_type=aggregate_type,
+            aggregate_id=aggregate_id, dedupe_key=dedupe_key, payload=json.loads(body),
+            status=_PENDING, attempt_count=0, available_at=available.replace(tzinfo=utc),
+            locked_at=None, locked_by=None, published_at=None, last_error_code=None,
+            last_error_message=None, created_at=now.replace(tzinfo=utc),
+            updated_at=now.replace(tzinfo=utc)))
 
     # -- claiming -----------------------------------------------------------------------
 
@@ -288,35 +298,44 @@ class OutboxRepository:
         events = [self._event(row) for row in claimed]
         aware_now = now.replace(tzinfo=dt.timezone.utc)
         for event in events:
-            event.status = _PROCESSING
-            event.locked_by = locked_by
-            event.locked_at = event.updated_at = aware_now
-            event.attempt_count += 1
-            event._dirty.clear()
+            data = event.__data__
+            data.update(status=_PROCESSING, locked_by=locked_by, locked_at=aware_now,
+                        updated_at=aware_now, attempt_count=data["attempt_count"] + 1)
         events.sort(key=lambda e: (e.available_at, e.id))
         return events
 
-    def _pages(self, source: str, where: str, params: Sequence[Any], key: str,
-               size: int) -> Iterator[list[int]]:
+    def _pages(self, source: str, where: str, params: Sequence[Any], key: str, size: int,
+               *, caller_changes_rows: bool = False) -> Iterator[list[int]]:
         """Ids of the rows matching ``where``, ordered by (``key``, id), ``size`` at a time.
 
         A lock-free read, paged by key set rather than OFFSET, so it ends even when the rows
         it returned stay as they were (a caller's REPEATABLE READ snapshot never changes).
+        Only ids travel; the last row's key is read when another page is wanted, or before
+        the caller changes that row when ``caller_changes_rows``.
         """
-        after: Sequence[Any] | None = None
+        after: tuple[Any, int] | None = None
         while True:
-            sql = f"SELECT id, {key} FROM {source} WHERE {where}"
+            sql = f"SELECT id FROM {source} WHERE {where}"
             args = list(params)
             if after is not None:
                 sql += f" AND ({key} > %s OR ({key} = %s AND id > %s))"
-                args += [after[1], after[1], after[0]]
+                args += [after[0], after[0], after[1]]
             sql += f" ORDER BY {key}, id LIMIT %s"
-            rows = self._execute(sql, (*args, size)).fetchall()
-            if rows:
-                yield [row[0] for row in rows]
-            if len(rows) < size:
+            ids = [row[0] for row in self._execute(sql, (*args, size)).fetchall()]
+            if len(ids) < size:
+                if ids:
+                    yield ids
                 return
-            after = rows[-1]
+            if caller_changes_rows:
+                after = (self._key_of(key, ids[-1]), ids[-1])
+                yield ids
+            else:
+                yield ids
+                after = (self._key_of(key, ids[-1]), ids[-1])
+
+    def _key_of(self, key: str, event_id: int) -> Any:
+        return self._execute(f"SELECT {key} FROM outbox_event WHERE id = %s",
+                             (event_id,)).fetchone()[0]
 
     # -- outcomes -----------------------------------------------------------------------
 
@@ -389,7 +408,7 @@ class OutboxRepository:
         )
         released = 0
         for ids in self._pages(_BY_LOCKED_AT, f"locked_at < %s AND status = '{_PROCESSING}'",
-                               (cutoff,), "locked_at", _CHUNK):
+                               (cutoff,), "locked_at", _CHUNK, caller_changes_rows=True):
             cursor = self._execute(update.format(ids=_placeholders(len(ids))),
                                    (self.max_attempts, now, *ids, cutoff))
             released += cursor.rowcount
@@ -407,7 +426,8 @@ class OutboxRepository:
         if event_ids is not None:
             pages = _chunks(_checks.event_ids(event_ids))
         else:
-            pages = self._pages(_BY_STATUS, f"status = '{_FAILED}'", (), "available_at", _CHUNK)
+            pages = self._pages(_BY_STATUS, f"status = '{_FAILED}'", (), "available_at", _CHUNK,
+                                caller_changes_rows=True)
         return sum(self._execute(update.format(ids=_placeholders(len(ids))),
                                  (now, now, *ids)).rowcount
                    for ids in pages)

@@ -201,3 +201,20 @@ def test_bad_event_ids_are_refused(repo, bad):
         repo.mark_processing(bad, "w")
     with pytest.raises(InvalidEventError, match="event_id"):
         repo.mark_published(bad, "w")
+
+
+def test_claim_batch_pages_past_a_window_of_held_events(db, clock, fetch):
+    from outbox_lite import OutboxRepository
+    narrow = OutboxRepository(db, clock=clock, claim_window=1)  # a window of `limit` ids
+    ids = seed(narrow, 10)
+    with db.atomic():
+        assert [e.id for e in narrow.claim_batch("holder", limit=3)] == ids[:3]
+
+        def other(_):
+            with db.atomic():
+                return [e.id for e in narrow.claim_batch("other", limit=3)]
+
+        results, errors = run_threads(1, other, db)
+    assert errors == [] and results[0] == ids[3:6]
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE locked_by = 'other'") == [
+        {"n": 3}]

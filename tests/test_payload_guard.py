@@ -43,6 +43,7 @@ REFUSED = [
      "$.headers[1][1]"),
     ({"tokens_list": ["ok"], "api_keys": ["k1", "k2"]}, "$.api_keys[0]"),
     ({"h": "Basic dXNlcjpwYXNzd29yZA=="}, "$.h"),
+    ({"h": "Bearer\tabcdef0123456789ghijKLMN"}, "$.h"),  # escaped in JSON text: still found
     ({"cert": PEM}, "$.cert"),
     ({"session": JWT}, "$.session"),
     ({"cfg": {"aws": AWS}}, "$.cfg.aws"),

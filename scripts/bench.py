@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""outbox_lite against a raw-PyMySQL implementation of the same protocol, in one run.
+
+Prints, for each measure, the median over alternating rounds of the library and of the raw
+baseline (same SQL work, no ORM), and the ratio library/raw:
+
+* claim: claim + publish throughput with 4 workers (claim_batch, then mark_published each);
+* write: a business INSERT plus create_in_transaction in one transaction vs raw INSERTs;
+* latency: claim_batch latency with 200,000 published rows in the table vs an empty one.
+
+Usage: python scripts/bench.py [--database-url URL] [--rounds 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
+
+import pymysql  # noqa: E402
+
+from outbox_lite import OutboxRepository  # noqa: E402
+from outbox_lite import migrate as schema  # noqa: E402
+from outbox_lite._db import DEFAULT_URL, DatabaseUrl  # noqa: E402
+from outbox_lite.models import COLUMNS  # noqa: E402
+
+PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512",
+           "priority": 3, "tags": ["image", "resize"]}
+COLS = ", ".join(f"`{c}`" for c in COLUMNS)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+# ---------------------------------------------------------------------------
+# The raw baseline: the library's protocol written directly against PyMySQL
+# ---------------------------------------------------------------------------
+
+class Raw:
+    def __init__(self, url: DatabaseUrl) -> None:
+        self.conn = pymysql.connect(host=url.host, port=url.port, user=url.user,
+                                    password=url.password, database=url.name,
+                                    charset="utf8mb4", autocommit=True)
+
+    def write(self, n: int) -> None:
+        now = utcnow()
+        with self.conn.cursor() as cur:
+            self.conn.begin()
+            cur.execute("INSERT INTO job (name) VALUES (%s)", (f"job-{n}",))
+            cur.execute(
+                "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key,"
+                " payload, status, attempt_count, available_at, created_at, updated_at)"
+                " VALUES (%s, %s, %s, %s, %s, 'pending', 0, %s, %s, %s)",
+                ("job.created", "ai_job", str(cur.lastrowid), uuid.uuid4().hex,
+                 json.dumps({**PAYLOAD, "job_id": n}, separators=(",", ":")), now, now, now))
+            self.conn.commit()
+
+    def claim(self, worker: str, limit: int) -> list[tuple[Any, ...]]:
+        now = utcnow()
+        with self.conn.cursor() as cur:
+            self.conn.begin()
+            cur.execute("SELECT id FROM outbox_event FORCE INDEX"
+                        " (ix_outbox_event_status_available_at) WHERE status = 'pending'"
+                        " AND available_at <= %s ORDER BY available_at, id LIMIT %s",
+                        (now, limit * 4))
+            ids = [row[0] for row in cur.fetchall()]
+            rows: list[tuple[Any, ...]] = []
+            if ids:
+                marks = ", ".join(["%s"] * len(ids))
+                cur.execute(f"SELECT {COLS} FROM outbox_event FORCE INDEX (PRIMARY)"
+                            f" WHERE id IN ({marks}) AND status = 'pending' AND available_at"
+                            " <= %s LIMIT %s FOR UPDATE SKIP LOCKED", (*ids, now, limit))
+                rows = [(*row[:5], json.loads(row[5]), *row[6:]) for row in cur.fetchall()]
+            if rows:
+                marks = ", ".join(["%s"] * len(rows))
+                cur.execute("UPDATE outbox_event FORCE INDEX (PRIMARY) SET status ="
+                            " 'processing', locked_by = %s, locked_at = %s, attempt_count ="
+                            f" attempt_count + 1, updated_at = %s WHERE id IN ({marks})",
+                            (worker, now, now, *(row[0] for row in rows)))
+            self.conn.commit()
+            return rows
+
+    def publish(self, event_id: int, worker: str) -> bool:
+        now = utcnow()
+        with self.conn.cursor() as cur:
+            return cur.execute(
+                "UPDATE outbox_event FORCE INDEX (PRIMARY) SET status = 'published',"
+                " published_at = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
+                " WHERE id = %s AND status = 'processing' AND locked_by = %s",
+                (now, now, event_id, worker)) == 1
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class Library:
+    def __init__(self, url: DatabaseUrl) -> None:
+        self.db = url.database()
+        self.repo = OutboxRepository(self.db)
+
+    def write(self, n: int) -> None:
+        with self.db.atomic():
+            cursor = self.db.execute_sql("INSERT INTO job (name) VALUES (%s)", (f"job-{n}",))
+            self.repo.create_in_transaction(event_type="job.created", aggregate_type="ai_job",
+                                            aggregate_id=str(cursor.lastrowid),
+                                            payload={**PAYLOAD, "job_id": n})
+
+    def claim(self, worker: str, limit: int) -> list[Any]:
+        with self.db.atomic():
+            return self.repo.claim_batch(worker, limit=limit)
+
+    def publish(self, event_id: int, worker: str) -> bool:
+        return self.repo.mark_published(event_id, worker)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+# ---------------------------------------------------------------------------
+# Measures
+# ---------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, url: DatabaseUrl, *, events: int, writes: int, loaded_rows: int,
+                 batch: int, workers: int) -> None:
+        self.url = url
+        self.events, self.writes, self.loaded_rows = events, writes, loaded_rows
+        self.batch, self.workers = batch, workers
+        self.admin = Raw(url)
+
+    def sql(self, statement: str, params: Any = None) -> None:
+        with self.admin.conn.cursor() as cur:
+            cur.execute(statement, params)
+
+    def reset(self) -> None:
+        self.sql("TRUNCATE TABLE outbox_event")
+        self.sql("TRUNCATE TABLE job")
+
+    def seed(self, count: int, status: str = "pending") -> None:
+        now = utcnow() - dt.timedelta(seconds=1)
+        body = json.dumps(PAYLOAD, separators=(",", ":"))
+        with self.admin.conn.cursor() as cur:
+            for start in range(0, count, 2000):
+                rows = [("job.created", "ai_job", str(n), uuid.uuid4().hex, body, status, now,
+                         now if status == "published" else None, now, now)
+                        for n in range(start, min(count, start + 2000))]
+                cur.executemany(
+                    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
+                    " dedupe_key, payload, status, available_at, published_at, created_at,"
+                    " updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
+
+    def claim_throughput(self, impl: type) -> float:
+        """Events claimed and published per second by ``workers`` threads."""
+        self.reset()
+        self.seed(self.events)
+        clients = [impl(self.url) for _ in range(self.workers)]
+        barrier = threading.Barrier(self.workers + 1)
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            client, name = clients[i], f"bench-{i}"
+            try:
+                barrier.wait()
+                while True:
+                    batch = client.claim(name, self.batch)
+                    if not batch:
+                        return
+                    for event in batch:
+                        client.publish(event[0] if isinstance(event, tuple) else event.id,
+                                       name)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(self.workers)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        started = time.perf_counter()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - started
+        for client in clients:
+            client.close()
+        if errors:
+            raise errors[0]
+        with self.admin.conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM outbox_event WHERE status = 'published'")
+            published = cur.fetchone()[0]
+        if published != self.events:
+            raise AssertionError(f"{impl.__name__} published {published} of {self.events}")
+        return self.events / elapsed
+
+    def write_throughput(self, impl: type) -> float:
+        """Business row + event transactions per second, one connection."""
+        self.reset()
+        client = impl(self.url)
+        started = time.perf_counter()
+        for n in range(self.writes):
+            client.write(n)
+        elapsed = time.perf_counter() - started
+        client.close()
+        return self.writes / elapsed
+
+    def claim_latency(self, loaded: bool, samples: int = 40) -> float:
+        """Median milliseconds of one library claim_batch (limit ``batch``)."""
+        self.reset()
+        if loaded:
+            self.seed(self.loaded_rows, status="published")
+        self.seed(self.batch * samples)
+        self.sql("ANALYZE TABLE outbox_event")
+        client = Library(self.url)
+        timings = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            claimed = client.claim("latency", self.batch)
+            timings.append((time.perf_counter() - started) * 1000)
+            assert len(claimed) == self.batch
+        client.close()
+        return statistics.median(timings)
+
+
+def _median_pair(rounds: int, first: Callable[[], float], second: Callable[[], float],
+                 ) -> tuple[float, float]:
+    """Alternate A B B A … so drift on a noisy machine hits both sides alike."""
+    a, b = [], []
+    for r in range(rounds):
+        order = (first, second) if r % 2 == 0 else (second, first)
+        for fn in order:
+            (a if fn is first else b).append(fn())
+    return statistics.median(a), statistics.median(b)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", metavar="URL",
+                        help="server to use; the bench runs in <database>_bench, created and "
+                             f"dropped (default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--events", type=int, default=4000,
+                        help="events per claim-throughput round (default 4000)")
+    parser.add_argument("--writes", type=int, default=2000,
+                        help="transactions per write round (default 2000)")
+    parser.add_argument("--loaded-rows", type=int, default=200_000,
+                        help="published rows for the loaded latency (default 200000)")
+    parser.add_argument("--batch", type=int, default=50, help="claim_batch limit (default 50)")
+    parser.add_argument("--workers", type=int, default=4, help="claim workers (default 4)")
+    parser.add_argument("--only", choices=("claim", "write", "latency"), action="append",
+                        help="run only this measure (repeatable; default: all three)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+
+    base = DatabaseUrl.parse(args.database_url or os.environ.get("OUTBOX_DATABASE_URL")
+                             or DEFAULT_URL)
+    url = base.with_name(f"{base.name}_bench")
+    url.drop_database()
+    url.create_database()
+    try:
+        database = url.database()
+        schema.migrate(database)
+        database.execute_sql("CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+                             " name VARCHAR(64) NOT NULL) ENGINE=InnoDB")
+        database.close()
+        bench = Bench(url, events=args.events, writes=args.writes,
+                      loaded_rows=args.loaded_rows, batch=args.batch, workers=args.workers)
+        only = set(args.only or ("claim", "write", "latency"))
+        rows = []
+        if "claim" in only:
+            lib, raw = _median_pair(args.rounds, lambda: bench.claim_throughput(Library),
+                                    lambda: bench.claim_throughput(Raw))
+            rows.append((f"claim+publish events/s ({args.workers} workers)", lib, raw,
+                         lib / raw, ">= 0.90", lib / raw >= 0.90))
+        if "write" in only:
+            lib, raw = _median_pair(args.rounds, lambda: bench.write_throughput(Library),
+                                    lambda: bench.write_throughput(Raw))
+            rows.append(("write txns/s (business row + event)", lib, raw, lib / raw,
+                         ">= 0.85", lib / raw >= 0.85))
+        if "latency" in only:
+            loaded, empty = bench.claim_latency(loaded=True), bench.claim_latency(loaded=False)
+            rows.append((f"claim latency ms, {args.loaded_rows} published vs empty", loaded,
+                         empty, loaded / empty, "<= 1.20", loaded / empty <= 1.20))
+        bench.admin.close()
+    finally:
+        url.drop_database()
+
+    if args.json:
+        print(json.dumps([{"measure": m, "library_or_loaded": round(a, 3),
+                           "raw_or_empty": round(b, 3), "ratio": round(r, 3), "target": t,
+                           "met": ok} for m, a, b, r, t, ok in rows], indent=2))
+    else:
+        print(f"{'measure':<46} {'library':>10} {'raw':>10} {'ratio':>7}  target")
+        print(f"{'':<46} {'(loaded)':>10} {'(empty)':>10}")
+        for m, a, b, r, t, ok in rows:
+            print(f"{m:<46} {a:>10.2f} {b:>10.2f} {r:>7.3f}  {t} {'met' if ok else 'MISSED'}")
+        print(f"medians of {args.rounds} alternating rounds; latency: median of 40 claims")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
