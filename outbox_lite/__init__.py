@@ -12,7 +12,7 @@ from .errors import (
     TransactionRequiredError,
 )
 from .models import OutboxEvent, OutboxStatus
-from .repository import OutboxRepository
+from .repository import OutboxRepository, OutboxStats
 
 __all__ = [
     "Backoff",
@@ -24,6 +24,7 @@ __all__ = [
     "OutboxError",
     "OutboxEvent",
     "OutboxRepository",
+    "OutboxStats",
     "OutboxStatus",
     "PayloadError",
     "TransactionRequiredError",

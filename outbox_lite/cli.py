@@ -6,6 +6,7 @@ Every failure ends as one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from . import migrate as schema
 from ._db import DEFAULT_URL, DatabaseUrl, DatabaseUrlError
 from .errors import OutboxError
 from .payload import redact
+from .repository import OutboxRepository
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -93,6 +95,58 @@ def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
     return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED
 
 
+def _repository(url: DatabaseUrl) -> OutboxRepository:
+    return OutboxRepository(url.database())
+
+
+def _cmd_stats(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    repo = _repository(url)
+    stats = repo.stats(lock_timeout=args.lock_timeout)
+    repo.database.close()
+    if args.json:
+        print(json.dumps(stats.as_dict(), indent=2))
+        return EXIT_OK
+    for status, count in stats.counts.items():
+        print(f"{status:<12} {count}")
+    age = stats.oldest_pending_age
+    print(f"oldest dispatchable event waiting: {'-' if age is None else f'{age.total_seconds():.1f} s'}")
+    print(f"claims older than {args.lock_timeout:g} s: {stats.expired_claims}")
+    for code, count in sorted(stats.dead_letters_by_code.items()):
+        print(f"dead letters with {code or '(no code)'}: {count}")
+    return EXIT_OK
+
+
+def _cmd_requeue(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    repo = _repository(url)
+    moved = repo.requeue_failed(args.id, error_code=args.error_code)
+    repo.database.close()
+    print(f"requeued {moved} dead letters")
+    return EXIT_OK
+
+
+def _cmd_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    repo = _repository(url)
+    deleted = repo.purge_published(args.older_than, batch_size=args.batch_size)
+    repo.database.close()
+    print(f"purged {deleted} published events older than {args.older_than}")
+    return EXIT_OK
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> dt.timedelta:
+    """"90", "90s", "15m", "12h" or "7d"."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 15m, 12h, 7d")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return dt.timedelta(seconds=value * _UNITS[unit])
+
+
 def _all_scenarios() -> tuple[str, ...]:
     from .contention import SCENARIOS
     return SCENARIOS
@@ -146,6 +200,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the contention database")
     p.add_argument("--json", action="store_true", help="print one JSON document, no table")
     p.set_defaults(handler=_cmd_contention)
+
+    p = commands.add_parser("stats", help="counts per status, lag, stuck claims, dead letters")
+    _add_database_flag(p)
+    p.add_argument("--lock-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="count claims older than this as expired (default: 300)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(handler=_cmd_stats)
+
+    p = commands.add_parser("requeue", help="move dead letters back to pending",
+                            description="Move failed events back to pending with "
+                                        "attempt_count 0: all of them, or those selected by "
+                                        "--id and/or --error-code.")
+    _add_database_flag(p)
+    p.add_argument("--id", type=_positive, action="append", metavar="EVENT_ID",
+                   help="requeue this event (repeatable)")
+    p.add_argument("--error-code", metavar="CODE",
+                   help="requeue only dead letters whose last_error_code is CODE")
+    p.set_defaults(handler=_cmd_requeue)
+
+    p = commands.add_parser("purge", help="delete old published events in bounded batches")
+    _add_database_flag(p)
+    p.add_argument("--older-than", type=_duration, required=True, metavar="AGE",
+                   help="delete events published longer ago than AGE (90s, 15m, 12h, 7d)")
+    p.add_argument("--batch-size", type=_positive, default=1000,
+                   help="rows per DELETE statement, each committed alone (default: 1000)")
+    p.set_defaults(handler=_cmd_purge)
     return parser
 
 

@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import peewee as pw
@@ -88,6 +89,23 @@ _FAILED_FOR_GOOD = (
     " last_error_message = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
     f" WHERE id = %s AND status = '{_PROCESSING}' AND locked_by = %s"
 )
+
+
+@dataclass(frozen=True)
+class OutboxStats:
+    """A snapshot of the outbox for operators (see :meth:`OutboxRepository.stats`)."""
+
+    counts: dict[str, int]
+    oldest_pending_age: dt.timedelta | None
+    expired_claims: int | None
+    dead_letters_by_code: dict[str, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        age = self.oldest_pending_age
+        return {"counts": self.counts,
+                "oldest_pending_age_seconds": None if age is None else age.total_seconds(),
+                "expired_claims": self.expired_claims,
+                "dead_letters_by_code": self.dead_letters_by_code}
 
 
 def _placeholders(n: int) -> str:
@@ -182,9 +200,9 @@ class OutboxRepository:
         # it; outside one, drop the dead connection so Peewee opens a new one on next use.
         if not self.database.in_transaction():
             try:
-                self.database.close()
-            except pw.PeeweeException:
-                self.database.dispose()
+                self.database.close()  # resets Peewee's connection state even when it raises
+            except Exception:  # noqa: BLE001 - closing a dead connection may complain
+                logger.debug("closing a lost connection failed", exc_info=True)
 
     def _event(self, row: Sequence[Any]) -> OutboxEvent:
         return self._instance({name: convert(v) if convert else v
@@ -416,18 +434,75 @@ class OutboxRepository:
             logger.info("released %s expired outbox claims", released)
         return released
 
-    def requeue_failed(self, event_ids: Iterable[int] | None = None) -> int:
-        """Move ``failed`` events (all, or those in ``event_ids``) back to ``pending`` with
-        ``attempt_count = 0``, dispatchable now. Returns how many moved."""
+    def requeue_failed(self, event_ids: Iterable[int] | None = None, *,
+                       error_code: str | None = None) -> int:
+        """Move ``failed`` events (all, those in ``event_ids``, and/or those whose
+        ``last_error_code`` is ``error_code``) back to ``pending`` with ``attempt_count = 0``,
+        dispatchable now. Returns how many moved."""
+        code_filter, code_params = "", ()
+        if error_code is not None:
+            error_code = _checks.name("error_code", error_code, MAX_ERROR_CODE_LENGTH)
+            code_filter, code_params = " AND last_error_code = %s", (error_code,)
+        if event_ids is not None:
+            pages: Iterable[list[int]] = _chunks(_checks.event_ids(event_ids))
+        else:
+            pages = self._pages(_BY_STATUS, f"status = '{_FAILED}'{code_filter}", code_params,
+                                "available_at", _CHUNK, caller_changes_rows=True)
         now = self._now()
         update = (f"UPDATE {_BY_PK} SET status = '{_PENDING}', attempt_count = 0,"
                   " available_at = %s, updated_at = %s"
-                  f" WHERE id IN ({{ids}}) AND status = '{_FAILED}'")
-        if event_ids is not None:
-            pages = _chunks(_checks.event_ids(event_ids))
-        else:
-            pages = self._pages(_BY_STATUS, f"status = '{_FAILED}'", (), "available_at", _CHUNK,
-                                caller_changes_rows=True)
+                  f" WHERE id IN ({{ids}}) AND status = '{_FAILED}'{code_filter}")
         return sum(self._execute(update.format(ids=_placeholders(len(ids))),
-                                 (now, now, *ids)).rowcount
+                                 (now, now, *ids, *code_params)).rowcount
                    for ids in pages)
+
+    # -- operations ---------------------------------------------------------------------
+
+    def purge_published(self, older_than: dt.timedelta | float, *,
+                        batch_size: int = 1000) -> int:
+        """Delete ``published`` events published more than ``older_than`` ago, in batches of
+        ``batch_size`` rows, each its own statement. Returns how many were deleted.
+
+        Run it in autocommit: then each batch commits alone and no lock is held for long.
+        """
+        age = _checks.duration("older_than", older_than)
+        batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
+        cutoff = self._now() - age
+        where = f"status = '{_PUBLISHED}' AND published_at < %s"
+        deleted = 0
+        for ids in self._pages(_BY_STATUS, where, (cutoff,), "available_at", batch_size,
+                               caller_changes_rows=True):
+            # Multi-table form: single-table DELETE takes no index hint, and left to itself
+            # MariaDB may scan (status, available_at) and lock its gaps.
+            deleted += self._execute(
+                "DELETE e FROM outbox_event AS e FORCE INDEX (PRIMARY)"
+                f" WHERE e.id IN ({_placeholders(len(ids))})"
+                f" AND e.status = '{_PUBLISHED}' AND e.published_at < %s",
+                (*ids, cutoff)).rowcount
+        if deleted:
+            logger.info("purged %s published outbox events", deleted)
+        return deleted
+
+    def stats(self, lock_timeout: dt.timedelta | float | None = None) -> OutboxStats:
+        """Counts per status, the oldest dispatchable event's wait, claims older than
+        ``lock_timeout`` (None when not given) and dead letters per ``last_error_code``."""
+        timeout = None if lock_timeout is None else _checks.duration("lock_timeout",
+                                                                      lock_timeout)
+        now = self._now()
+        counts = {status.value: 0 for status in OutboxStatus}
+        counts.update(self._execute(
+            f"SELECT status, COUNT(*) FROM {_BY_STATUS} GROUP BY status", ()).fetchall())
+        oldest = self._execute(
+            f"SELECT MIN(available_at) FROM {_BY_STATUS}"
+            f" WHERE status = '{_PENDING}' AND available_at <= %s", (now,)).fetchone()[0]
+        expired = None
+        if timeout is not None:
+            expired = self._execute(
+                f"SELECT COUNT(*) FROM {_BY_LOCKED_AT} WHERE locked_at < %s"
+                f" AND status = '{_PROCESSING}'", (now - timeout,)).fetchone()[0]
+        dead = dict(self._execute(
+            f"SELECT COALESCE(last_error_code, ''), COUNT(*) FROM {_BY_STATUS}"
+            f" WHERE status = '{_FAILED}' GROUP BY last_error_code", ()).fetchall())
+        return OutboxStats(counts=counts,
+                           oldest_pending_age=None if oldest is None else now - oldest,
+                           expired_claims=expired, dead_letters_by_code=dead)

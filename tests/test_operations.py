@@ -1,0 +1,190 @@
+"""Operations: stats, requeue by code, purge in bounded batches, least privilege, the CLI."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pymysql
+import pytest
+
+from outbox_lite import InvalidEventError, OutboxRepository
+from outbox_lite.cli import main
+
+from conftest import T0, new_event, seed
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _url_text(url, user=None, password=None) -> str:
+    user = user or url.user
+    password = url.password if password is None else password
+    auth = user + (f":{password}" if password else "")
+    return f"mysql://{auth}@{url.host}:{url.port}/{url.name}"
+
+
+def _dead_letter(repo, code, n=0):
+    event = new_event(repo, n)
+    assert repo.mark_processing(event.id, "w")
+    assert repo.mark_failed(event.id, "w", code, "no", retryable=False)
+    return event
+
+
+def test_stats_counts_lag_stuck_claims_and_dead_letters(repo, clock):
+    seed(repo, 3)  # pending since T0
+    claimed = new_event(repo, 9)
+    assert repo.mark_processing(claimed.id, "w")
+    _dead_letter(repo, "http_500", 1)
+    _dead_letter(repo, "http_500", 2)
+    _dead_letter(repo, "bad_payload", 3)
+    clock.advance(minutes=10)
+    stats = repo.stats(lock_timeout=dt.timedelta(minutes=5))
+    assert stats.counts == {"pending": 3, "processing": 1, "published": 0, "failed": 3}
+    assert stats.oldest_pending_age == dt.timedelta(minutes=10)
+    assert stats.expired_claims == 1
+    assert stats.dead_letters_by_code == {"http_500": 2, "bad_payload": 1}
+    assert repo.stats().expired_claims is None
+    assert stats.as_dict()["oldest_pending_age_seconds"] == 600.0
+
+
+def test_requeue_by_error_code_only_moves_those(repo, fetch):
+    a = _dead_letter(repo, "http_500", 1)
+    b = _dead_letter(repo, "bad_payload", 2)
+    assert repo.requeue_failed(error_code="http_500") == 1
+    rows = {r["id"]: r["status"] for r in fetch("SELECT id, status FROM outbox_event")}
+    assert rows == {a.id: "pending", b.id: "failed"}
+    assert repo.requeue_failed([b.id], error_code="http_500") == 0
+    assert repo.requeue_failed([b.id], error_code="bad_payload") == 1
+
+
+def test_purge_deletes_only_old_published_events_in_bounded_batches(db, repo, fetch, clock):
+    old = seed(repo, 2500)
+    with db.atomic():
+        for event in repo.claim_batch("w", limit=2500):
+            repo.mark_published(event.id, "w")
+    clock.advance(days=8)
+    recent = new_event(repo, 1)
+    assert repo.mark_processing(recent.id, "w") and repo.mark_published(recent.id, "w")
+    pending = new_event(repo, 2)
+    statements = []
+    db.query_hooks.append(lambda e: statements.append((e.sql, e.params)))
+    assert repo.purge_published(dt.timedelta(days=7), batch_size=1000) == 2500
+    deletes = [params for sql, params in statements if sql.startswith("DELETE")]
+    assert len(deletes) == 3 and max(len(p) - 1 for p in deletes) == 1000
+    left = {r["id"] for r in fetch("SELECT id FROM outbox_event")}
+    assert left == {recent.id, pending.id} and not left & set(old)
+    assert repo.purge_published(dt.timedelta(days=7)) == 0
+
+
+@pytest.mark.parametrize("call,field", [
+    (lambda r: r.purge_published(-1), "older_than"),
+    (lambda r: r.purge_published(60, batch_size=0), "batch_size"),
+    (lambda r: r.stats(lock_timeout="5m"), "lock_timeout"),
+    (lambda r: r.requeue_failed(error_code=""), "error_code"),
+    (lambda r: r.find_dispatchable(limit=-3), "limit"),
+    (lambda r: r.mark_failed(1, "w", "c", "m", retryable=1), "retryable"),
+])
+def test_operations_refuse_bad_arguments(repo, fetch, call, field):
+    seed(repo, 1)
+    with pytest.raises(InvalidEventError, match=field):
+        call(repo)
+    assert fetch("SELECT status, attempt_count FROM outbox_event") == [
+        {"status": "pending", "attempt_count": 0}]
+
+
+def test_repository_options_are_checked():
+    import peewee as pw
+    database = pw.MySQLDatabase("x")
+    with pytest.raises(InvalidEventError, match="max_attempts"):
+        OutboxRepository(database, max_attempts=0)
+    with pytest.raises(TypeError):
+        OutboxRepository("mysql://root@localhost/x")
+    with pytest.raises(TypeError):
+        OutboxRepository(database, allowed_payload_keys="token")
+
+
+# ---------------------------------------------------------------------------
+# Least privilege
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def runtime_user(db_url, fetch):
+    user, password = f"ol_rt_{os.getpid()}", "rt-Pass-123"
+    fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+    fetch(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", password)
+    for table in ("outbox_event", "job"):
+        fetch(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{db_url.name}`.`{table}`"
+              f" TO '{user}'@'127.0.0.1'")
+    yield user, password
+    fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+
+
+def test_writer_and_worker_flows_run_with_only_dml_grants(db, db_url, runtime_user, fetch,
+                                                          clock):
+    user, password = runtime_user
+    from outbox_lite._db import DatabaseUrl
+    url = DatabaseUrl.parse(_url_text(db_url, user, password))
+    database = url.database()
+    repo = OutboxRepository(database, clock=clock)
+    with database.atomic():
+        database.execute_sql("INSERT INTO job (name) VALUES ('least')")
+        first = repo.create_in_transaction(event_type="e", aggregate_type="a",
+                                           aggregate_id="1", payload={"x": 1})
+        second = repo.create_in_transaction(event_type="e", aggregate_type="a",
+                                            aggregate_id="2", payload={"x": 2})
+    with database.atomic():
+        assert [e.id for e in repo.claim_batch("w")] == [first.id, second.id]
+    assert repo.mark_published(first.id, "w")
+    assert repo.mark_failed(second.id, "w", "x", "y", retryable=False)
+    assert repo.requeue_failed() == 1
+    assert repo.mark_processing(second.id, "w")
+    clock.advance(hours=1)
+    assert repo.release_expired_locks(60) == 1
+    assert repo.stats(lock_timeout=60).counts["pending"] == 1
+    clock.advance(days=30)
+    assert repo.purge_published(dt.timedelta(days=7)) == 1
+    with pytest.raises(Exception) as info:  # and nothing more than DML is allowed
+        database.execute_sql("CREATE TABLE sneaky (id INT)")
+    assert "1142" in str(info.value) or "denied" in str(info.value)
+    database.close()
+    assert fetch("SELECT id, status FROM outbox_event") == [{"id": second.id,
+                                                             "status": "pending"}]
+
+
+# ---------------------------------------------------------------------------
+# The operations CLI
+# ---------------------------------------------------------------------------
+
+def test_cli_stats_requeue_purge(db, db_url, repo, capsys):
+    _dead_letter(repo, "http_500", 1)
+    url = _url_text(db_url)
+    assert main(["stats", "--database-url", url, "--json"]) == 0
+    assert '"failed": 1' in capsys.readouterr().out
+    assert main(["requeue", "--database-url", url, "--error-code", "http_500"]) == 0
+    assert "requeued 1" in capsys.readouterr().out
+    assert main(["purge", "--database-url", url, "--older-than", "7d"]) == 0
+    assert "purged 0" in capsys.readouterr().out
+    assert main(["stats", "--database-url", url]) == 0
+    assert "pending      1" in capsys.readouterr().out
+
+
+def test_cli_on_a_database_without_the_table_says_so_in_one_line(db_url, fetch):
+    fetch("DROP TABLE outbox_event")
+    result = subprocess.run([sys.executable, "-m", "outbox_lite.cli", "stats",
+                             "--database-url", _url_text(db_url)],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (f"outbox-lite: error: table outbox_event is missing in "
+                                     f"{db_url.name} (run: outbox-lite migrate)")
+
+
+def test_cli_refuses_wrong_credentials_without_echoing_them(db_url):
+    result = subprocess.run([sys.executable, "-m", "outbox_lite.cli", "requeue",
+                             "--database-url", _url_text(db_url, "root", "Wr0ngPass")],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 1
+    assert "access denied" in result.stderr and "Wr0ngPass" not in result.stderr
+    assert "Traceback" not in result.stderr
