@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import operator
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
@@ -54,6 +55,7 @@ _BY_STATUS = "outbox_event FORCE INDEX (ix_outbox_event_status_available_at)"
 _BY_LOCKED_AT = "outbox_event FORCE INDEX (ix_outbox_event_locked_at)"
 _SELECT = "SELECT " + ", ".join(f"`{c}`" for c in COLUMNS) + " FROM "
 _CHUNK = 500  # ids per IN (…) list
+_AVAILABLE_AT = operator.itemgetter(COLUMNS.index("available_at"))
 
 _PENDING = OutboxStatus.PENDING.value
 _PROCESSING = OutboxStatus.PROCESSING.value
@@ -127,6 +129,10 @@ def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+def _naive_utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
 class OutboxRepository:
     """The outbox on one Peewee ``database`` (the object the caller opens ``atomic()`` on).
 
@@ -158,6 +164,8 @@ class OutboxRepository:
         if not callable(clock):
             raise TypeError("clock must be a callable returning an aware datetime")
         self.clock = clock
+        self._now: Callable[[], dt.datetime] = (
+            _naive_utc_now if clock is _utc_now else lambda: to_utc(self.clock()))
         self.max_payload_bytes = _checks.positive_int("max_payload_bytes", max_payload_bytes)
         if isinstance(allowed_payload_keys, str):
             raise TypeError("allowed_payload_keys must be a collection of key names")
@@ -165,14 +173,12 @@ class OutboxRepository:
         self.claim_window = _checks.positive_int("claim_window", claim_window, 100)
         #: The OutboxEvent model bound to ``database``, for the caller's own queries.
         self.model: type[OutboxEvent] = bind_model(database)
-        self._converters = [
-            (f.name, f.python_value if f.python_value.__func__ is not pw.Field.python_value
-             else None) for f in self.model._meta.sorted_fields]
+        fields = self.model._meta.sorted_fields
+        self._names = [f.name for f in fields]
+        self._conversions = [(f.name, f.python_value) for f in fields
+                             if f.python_value.__func__ is not pw.Field.python_value]
 
     # -- plumbing -----------------------------------------------------------------------
-
-    def _now(self) -> dt.datetime:
-        return to_utc(self.clock())
 
     def _require_transaction(self, method: str) -> None:
         if not self.database.in_transaction():
@@ -205,19 +211,21 @@ class OutboxRepository:
                 logger.debug("closing a lost connection failed", exc_info=True)
 
     def _event(self, row: Sequence[Any]) -> OutboxEvent:
-        return self._instance({name: convert(v) if convert else v
-                               for (name, convert), v in zip(self._converters, row)})
+        data = dict(zip(self._names, row))
+        for name, convert in self._conversions:
+            data[name] = convert(data[name])
+        return self._instance(data)
 
     def _instance(self, data: dict[str, Any]) -> OutboxEvent:
         """A model instance over ``data`` (field name -> Python value), nothing dirty.
 
         Peewee's constructor runs every field's descriptor; a claim builds many instances,
-        so this sets the instance state Peewee's own row readers leave behind directly.
+        so this sets the state Peewee's own row readers leave behind directly. (``__rel__``
+        caches foreign keys; OutboxEvent has none, and the class default serves.)
         """
         event = self.model.__new__(self.model)
         event.__data__ = data
         event._dirty = set()
-        event.__rel__ = {}
         return event
 
     def _select(self, sql: str, params: Sequence[Any]) -> list[OutboxEvent]:
@@ -313,13 +321,18 @@ class OutboxRepository:
         ids = [row[0] for row in claimed]
         self._execute(f"UPDATE {_BY_PK} {_CLAIM_SET} WHERE id IN ({_placeholders(len(ids))})",
                       (locked_by, now, now, *ids))
-        events = [self._event(row) for row in claimed]
+        # Rows come in id order; a stable sort on available_at makes it (available_at, id).
+        claimed.sort(key=_AVAILABLE_AT)
         aware_now = now.replace(tzinfo=dt.timezone.utc)
-        for event in events:
+        events = []
+        for row in claimed:
+            event = self._event(row)
             data = event.__data__
-            data.update(status=_PROCESSING, locked_by=locked_by, locked_at=aware_now,
-                        updated_at=aware_now, attempt_count=data["attempt_count"] + 1)
-        events.sort(key=lambda e: (e.available_at, e.id))
+            data["status"] = _PROCESSING
+            data["locked_by"] = locked_by
+            data["locked_at"] = data["updated_at"] = aware_now
+            data["attempt_count"] += 1
+            events.append(event)
         return events
 
     def _pages(self, source: str, where: str, params: Sequence[Any], key: str, size: int,

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
 
+import peewee as pw  # noqa: E402
 import pymysql  # noqa: E402
 
 from outbox_lite import OutboxRepository  # noqa: E402
@@ -47,8 +48,12 @@ def utcnow() -> dt.datetime:
 # The raw baseline: the library's protocol written directly against PyMySQL
 # ---------------------------------------------------------------------------
 
+CLAIM_WINDOW = OutboxRepository(pw.MySQLDatabase(None)).claim_window  # the library's default
+
+
 class Raw:
-    def __init__(self, url: DatabaseUrl) -> None:
+    def __init__(self, url: DatabaseUrl, window: int = CLAIM_WINDOW) -> None:
+        self.window = window
         self.conn = pymysql.connect(host=url.host, port=url.port, user=url.user,
                                     password=url.password, database=url.name,
                                     charset="utf8mb4", autocommit=True)
@@ -68,20 +73,33 @@ class Raw:
 
     def claim(self, worker: str, limit: int) -> list[tuple[Any, ...]]:
         now = utcnow()
+        size = limit * self.window
         with self.conn.cursor() as cur:
             self.conn.begin()
-            cur.execute("SELECT id FROM outbox_event FORCE INDEX"
-                        " (ix_outbox_event_status_available_at) WHERE status = 'pending'"
-                        " AND available_at <= %s ORDER BY available_at, id LIMIT %s",
-                        (now, limit * 4))
-            ids = [row[0] for row in cur.fetchall()]
             rows: list[tuple[Any, ...]] = []
-            if ids:
+            after: tuple[Any, int] | None = None
+            while len(rows) < limit:  # page on past candidates other workers hold
+                keyset, params = "", [now]
+                if after is not None:
+                    keyset = " AND (available_at > %s OR (available_at = %s AND id > %s))"
+                    params += [after[0], after[0], after[1]]
+                cur.execute("SELECT id FROM outbox_event FORCE INDEX"
+                            " (ix_outbox_event_status_available_at) WHERE status = 'pending'"
+                            f" AND available_at <= %s{keyset} ORDER BY available_at, id"
+                            " LIMIT %s", (*params, size))
+                ids = [row[0] for row in cur.fetchall()]
+                if not ids:
+                    break
                 marks = ", ".join(["%s"] * len(ids))
                 cur.execute(f"SELECT {COLS} FROM outbox_event FORCE INDEX (PRIMARY)"
                             f" WHERE id IN ({marks}) AND status = 'pending' AND available_at"
-                            " <= %s LIMIT %s FOR UPDATE SKIP LOCKED", (*ids, now, limit))
-                rows = [(*row[:5], json.loads(row[5]), *row[6:]) for row in cur.fetchall()]
+                            " <= %s LIMIT %s FOR UPDATE SKIP LOCKED",
+                            (*ids, now, limit - len(rows)))
+                rows += [(*row[:5], json.loads(row[5]), *row[6:]) for row in cur.fetchall()]
+                if len(ids) < size or len(rows) >= limit:
+                    break
+                cur.execute("SELECT available_at FROM outbox_event WHERE id = %s", (ids[-1],))
+                after = (cur.fetchone()[0], ids[-1])
             if rows:
                 marks = ", ".join(["%s"] * len(rows))
                 cur.execute("UPDATE outbox_event FORCE INDEX (PRIMARY) SET status ="
@@ -105,9 +123,9 @@ class Raw:
 
 
 class Library:
-    def __init__(self, url: DatabaseUrl) -> None:
+    def __init__(self, url: DatabaseUrl, window: int = CLAIM_WINDOW) -> None:
         self.db = url.database()
-        self.repo = OutboxRepository(self.db)
+        self.repo = OutboxRepository(self.db, claim_window=window)
 
     def write(self, n: int) -> None:
         with self.db.atomic():
@@ -133,8 +151,9 @@ class Library:
 
 class Bench:
     def __init__(self, url: DatabaseUrl, *, events: int, writes: int, loaded_rows: int,
-                 batch: int, workers: int) -> None:
+                 batch: int, workers: int, window: int = CLAIM_WINDOW) -> None:
         self.url = url
+        self.window = window
         self.events, self.writes, self.loaded_rows = events, writes, loaded_rows
         self.batch, self.workers = batch, workers
         self.admin = Raw(url)
@@ -164,7 +183,7 @@ class Bench:
         """Events claimed and published per second by ``workers`` threads."""
         self.reset()
         self.seed(self.events)
-        clients = [impl(self.url) for _ in range(self.workers)]
+        clients = [impl(self.url, self.window) for _ in range(self.workers)]
         barrier = threading.Barrier(self.workers + 1)
         errors: list[BaseException] = []
 
@@ -258,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("claim", "write", "latency"), action="append",
                         help="run only this measure (repeatable; default: all three)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--claim-window", type=int, default=CLAIM_WINDOW,
+                        help=f"claim_window for both sides (default: the library's, "
+                             f"{CLAIM_WINDOW})")
     args = parser.parse_args(argv)
 
     base = DatabaseUrl.parse(args.database_url or os.environ.get("OUTBOX_DATABASE_URL")
@@ -272,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                              " name VARCHAR(64) NOT NULL) ENGINE=InnoDB")
         database.close()
         bench = Bench(url, events=args.events, writes=args.writes,
-                      loaded_rows=args.loaded_rows, batch=args.batch, workers=args.workers)
+                      loaded_rows=args.loaded_rows, batch=args.batch, workers=args.workers,
+                      window=args.claim_window)
         only = set(args.only or ("claim", "write", "latency"))
         rows = []
         if "claim" in only:

@@ -188,3 +188,28 @@ def test_cli_refuses_wrong_credentials_without_echoing_them(db_url):
     assert result.returncode == 1
     assert "access denied" in result.stderr and "Wr0ngPass" not in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_documented_migration_grants_are_enough(fetch):
+    from outbox_lite import migrate as schema
+    from outbox_lite._db import DatabaseUrl
+    from conftest import TEST_URL
+    user, password = f"ol_mig_{os.getpid()}", "mig-Pass-123"
+    target = TEST_URL.with_name(f"{TEST_URL.name}_grants_{os.getpid()}")
+    target.drop_database()
+    target.create_database()
+    fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+    fetch(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", password)
+    fetch(f"GRANT CREATE, DROP, ALTER, INDEX, SELECT, INSERT, UPDATE, DELETE"
+          f" ON `{target.name}`.* TO '{user}'@'127.0.0.1'")
+    database = DatabaseUrl.parse(_url_text(target, user, password)).database()
+    try:
+        assert schema.migrate(database) == ["001_create_outbox_event"]
+        assert schema.rollback(database) == "001_create_outbox_event"
+        assert schema.migrate(database) == ["001_create_outbox_event"]
+        with pytest.raises(Exception, match="denied"):
+            database.execute_sql("CREATE DATABASE sneaky_grants")
+    finally:
+        database.close()
+        fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+        target.drop_database()
