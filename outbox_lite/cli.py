@@ -6,19 +6,20 @@ Every failure ends as one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
 import os
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import peewee as pw
 import pymysql
 
 from . import migrate as schema
 from ._db import DEFAULT_URL, DatabaseUrl, DatabaseUrlError
-from .errors import OutboxError
+from .errors import OutboxError, driver_errno
 from .payload import redact
 from .repository import OutboxRepository
 
@@ -40,11 +41,10 @@ class CommandError(Exception):
 
 
 def _describe(exc: BaseException, url: DatabaseUrl | None) -> str:
-    orig = getattr(exc, "orig", exc)
-    args = getattr(orig, "args", ())
-    errno = args[0] if args and isinstance(args[0], int) else None
+    errno = driver_errno(exc)
     if url is not None and errno in _SERVER_ERRORS:
         return _SERVER_ERRORS[errno].format(url=url)
+    orig = getattr(exc, "orig", exc)
     return redact(str(orig) or type(orig).__name__)
 
 
@@ -95,14 +95,18 @@ def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
     return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED
 
 
-def _repository(url: DatabaseUrl) -> OutboxRepository:
-    return OutboxRepository(url.database())
+@contextlib.contextmanager
+def _repository(url: DatabaseUrl) -> Iterator[OutboxRepository]:
+    repo = OutboxRepository(url.database())
+    try:
+        yield repo
+    finally:
+        repo.database.close()
 
 
 def _cmd_stats(args: argparse.Namespace, url: DatabaseUrl) -> int:
-    repo = _repository(url)
-    stats = repo.stats(lock_timeout=args.lock_timeout)
-    repo.database.close()
+    with _repository(url) as repo:
+        stats = repo.stats(lock_timeout=args.lock_timeout)
     if args.json:
         print(json.dumps(stats.as_dict(), indent=2))
         return EXIT_OK
@@ -117,17 +121,15 @@ def _cmd_stats(args: argparse.Namespace, url: DatabaseUrl) -> int:
 
 
 def _cmd_requeue(args: argparse.Namespace, url: DatabaseUrl) -> int:
-    repo = _repository(url)
-    moved = repo.requeue_failed(args.id, error_code=args.error_code)
-    repo.database.close()
+    with _repository(url) as repo:
+        moved = repo.requeue_failed(args.id, error_code=args.error_code)
     print(f"requeued {moved} dead letters")
     return EXIT_OK
 
 
 def _cmd_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
-    repo = _repository(url)
-    deleted = repo.purge_published(args.older_than, batch_size=args.batch_size)
-    repo.database.close()
+    with _repository(url) as repo:
+        deleted = repo.purge_published(args.older_than, batch_size=args.batch_size)
     print(f"purged {deleted} published events older than {args.older_than}")
     return EXIT_OK
 

@@ -1,5 +1,7 @@
 """The errors outbox_lite raises; every one is an :class:`OutboxError`."""
 
+from __future__ import annotations
+
 
 class OutboxError(Exception): """Base class of every error outbox_lite raises."""
 class TransactionRequiredError(OutboxError): """A method that needs the caller's transaction ran outside one."""
@@ -40,3 +42,10 @@ class LockConflictError(OutboxError):
     def __init__(self, errno: int, message: str) -> None:
         self.errno = errno
         super().__init__(f"MySQL error {errno}: {message}; retry the transaction")
+
+
+def driver_errno(exc: BaseException) -> int | None:
+    """The MySQL error number behind a Peewee or PyMySQL exception, or None."""
+    orig = getattr(exc, "orig", exc)
+    args = getattr(orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None

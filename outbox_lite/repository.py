@@ -34,6 +34,7 @@ from .errors import (
     InvalidEventError,
     LockConflictError,
     TransactionRequiredError,
+    driver_errno,
 )
 from .models import (
     COLUMNS,
@@ -119,12 +120,6 @@ def _chunks(ids: list[int]) -> Iterator[list[int]]:
         yield ids[start:start + _CHUNK]
 
 
-def _errno(exc: BaseException) -> int | None:
-    orig = getattr(exc, "orig", exc)
-    args = getattr(orig, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
-
-
 def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -191,7 +186,7 @@ class OutboxRepository:
         try:
             return self.database.execute_sql(sql, params)
         except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
-            errno = _errno(exc)
+            errno = driver_errno(exc)
             if errno in (1205, 1213):
                 raise LockConflictError(errno, str(getattr(exc, "orig", exc))) from exc
             if isinstance(exc, pw.InterfaceError) or errno in (2006, 2013, 2055):
@@ -265,7 +260,7 @@ class OutboxRepository:
         try:
             cursor = self._execute(_INSERT, params)
         except pw.IntegrityError as exc:
-            if _errno(exc) == 1062 and "dedupe_key" in str(exc):
+            if driver_errno(exc) == 1062 and "dedupe_key" in str(exc):
                 raise DuplicateEventError(dedupe_key) from exc
             raise
         utc = dt.timezone.utc
