@@ -331,7 +331,7 @@ class ContentionSuite:
         misses = [0] * self.workers
 
         def worker(i: int) -> list[tuple[int, int]]:
-            name, claims = f"cas-{i}", []
+            name, claims = f"cas-{i}", []  # type: str, list[tuple[int, int]]
             while True:
                 candidates = repo.find_dispatchable(limit=self.batch_size)
                 if not candidates:

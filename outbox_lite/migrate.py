@@ -37,7 +37,8 @@ class _Router(Router):
             database = self.database
             table_name = self.migrate_table
 
-        history = type("OutboxLiteMigrateHistory", (MigrateHistory,), {"Meta": Meta})
+        history: type[MigrateHistory] = type(
+            "OutboxLiteMigrateHistory", (MigrateHistory,), {"Meta": Meta})
         history.create_table(safe=True)
         return history
 

@@ -13,7 +13,7 @@ import functools
 import json
 import math
 import re
-from typing import Any, Callable, Collection, NamedTuple
+from typing import Any, Callable, Collection, Iterable, NamedTuple
 
 from .errors import CredentialInPayloadError, PayloadError
 
@@ -196,7 +196,9 @@ def _check(value: Any, trail: list[str | int], sensitive: bool,
             raise PayloadError(
                 f"payload is nested deeper than {MAX_DEPTH} levels at {_format_path(trail)}")
         is_dict = isinstance(value, dict)
-        for key, item in value.items() if is_dict else enumerate(value):
+        items: Iterable[tuple[Any, Any]] = (
+            value.items() if isinstance(value, dict) else enumerate(value))
+        for key, item in items:
             child_sensitive = sensitive
             if is_dict:
                 if not isinstance(key, str):

@@ -220,7 +220,7 @@ class OutboxRepository:
         """
         event = self.model.__new__(self.model)
         event.__data__ = data
-        event._dirty = set()
+        event._dirty = set()  # type: ignore[attr-defined]  # Peewee sets it in __init__
         return event
 
     def _select(self, sql: str, params: Sequence[Any]) -> list[OutboxEvent]:
@@ -447,7 +447,7 @@ class OutboxRepository:
         """Move ``failed`` events (all, those in ``event_ids``, and/or those whose
         ``last_error_code`` is ``error_code``) back to ``pending`` with ``attempt_count = 0``,
         dispatchable now. Returns how many moved."""
-        code_filter, code_params = "", ()
+        code_filter, code_params = "", ()  # type: tuple[str, tuple[str, ...]]
         if error_code is not None:
             error_code = _checks.name("error_code", error_code, MAX_ERROR_CODE_LENGTH)
             code_filter, code_params = " AND last_error_code = %s", (error_code,)
