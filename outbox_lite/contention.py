@@ -27,6 +27,7 @@ SCENARIOS = ("batch", "cas", "crash", "fencing", "retry", "dedupe")
 _SINK = ("CREATE TABLE contention_sink (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
          " event_id BIGINT NOT NULL, worker VARCHAR(64) NOT NULL, attempt INT NOT NULL,"
          " KEY ix_sink_event (event_id)) ENGINE=InnoDB")
+_PROGRESS_EVERY = 5.0  # seconds between progress lines during a long race
 _JOBS = ("CREATE TABLE contention_job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
          " dedupe_key VARCHAR(64) NOT NULL) ENGINE=InnoDB")
 
@@ -80,8 +81,9 @@ class SuiteClock:
 class _Workers:
     """Runs ``count`` threads released by one Barrier; collects results and errors."""
 
-    def __init__(self, database: pw.Database) -> None:
+    def __init__(self, database: pw.Database, report: Callable[[float], None]) -> None:
         self.database = database
+        self.report = report  # called with the seconds raced so far, every few seconds
         self.lock_conflicts = 0
         self.seconds = 0.0  # time spent racing, seeding and checks excluded
         self._lock = threading.Lock()
@@ -112,7 +114,10 @@ class _Workers:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            while thread.is_alive():
+                thread.join(timeout=_PROGRESS_EVERY)
+                if thread.is_alive():
+                    self.report(self.seconds + time.perf_counter() - started)
         self.seconds += time.perf_counter() - started
         return results, errors
 
@@ -199,7 +204,15 @@ class ContentionSuite:
     def _measured(self, name: str, scenario: Callable[[Result, _Workers], None]) -> Result:
         result = Result(scenario=name, workers=self.workers, events=self.events, seconds=0.0,
                         claims=0)
-        workers = _Workers(self.database)
+        monitor = self.url.database()
+
+        def report(seconds: float) -> None:
+            rows = monitor.execute_sql(
+                "SELECT status, COUNT(*) FROM outbox_event GROUP BY status").fetchall()
+            self.progress(f"{name}: {seconds:.0f} s in, "
+                          + ", ".join(f"{count} {status}" for status, count in sorted(rows)))
+
+        workers = _Workers(self.database, report)
         before = self._server_counters()
         scenario(result, workers)
         result.seconds = workers.seconds
@@ -207,6 +220,7 @@ class ContentionSuite:
         result.deadlocks = after["Innodb_deadlocks"] - before["Innodb_deadlocks"]
         result.lock_waits = after["Innodb_row_lock_waits"] - before["Innodb_row_lock_waits"]
         result.lock_conflicts = workers.lock_conflicts
+        monitor.close()
         self.progress(f"{name}: {'ok' if result.ok else 'INVARIANT BROKEN'}"
                       f" in {result.seconds:.2f} s")
         return result
