@@ -226,6 +226,22 @@ def _check(value: Any, trail: list[str | int], sensitive: bool,
                            f"{type(value).__name__}, which is not JSON")
 
 
+def _plain_keys(payload: Any) -> bool:
+    """True when every dict key in ``payload`` is a str that names no credential."""
+    stack = [payload]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str) or is_sensitive_key(key):
+                    return False
+                if isinstance(item, (dict, list, tuple)):
+                    stack.append(item)
+        else:
+            stack.extend(item for item in value if isinstance(item, (dict, list, tuple)))
+    return True
+
+
 def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
                    allowed_keys: Collection[str] = ()) -> str:
     """Return ``payload`` as compact JSON text, or raise a PayloadError.
@@ -245,9 +261,13 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         _check(payload, [], False, allowed, True)  # names the offending path
         raise PayloadError(f"payload is not JSON: {exc}") from exc
     # Without a backslash the JSON text holds every key and string exactly as given, so one
-    # look at it tells whether any of them may hold a credential-shaped value.
+    # look at it tells whether any of them may hold a credential-shaped value; and it cannot
+    # nest deeper than its brackets. Payloads that pass both need only their keys checked;
+    # any doubt takes the exact walk, which also names the path.
     scan = "\\" in text or _may_hold_credential(text)
-    _check(payload, [], False, allowed, scan)
+    shallow = text.count("{") + text.count("[") <= MAX_DEPTH
+    if scan or not shallow or not _plain_keys(payload):
+        _check(payload, [], False, allowed, scan)
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:

@@ -20,7 +20,7 @@ import datetime as dt
 import json
 import logging
 import operator
-import uuid
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
@@ -249,7 +249,7 @@ class OutboxRepository:
         aggregate_type = _checks.name("aggregate_type", aggregate_type)
         aggregate_id = _checks.name("aggregate_id", aggregate_id)
         if dedupe_key is None:
-            dedupe_key = uuid.uuid4().hex
+            dedupe_key = os.urandom(16).hex()  # 128 random bits; uuid4() costs 4x more
         else:
             dedupe_key = _checks.name("dedupe_key", dedupe_key)
         body = encode_payload(payload, max_bytes=self.max_payload_bytes,

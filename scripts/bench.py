@@ -67,7 +67,7 @@ class Raw:
                 "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key,"
                 " payload, status, attempt_count, available_at, created_at, updated_at)"
                 " VALUES (%s, %s, %s, %s, %s, 'pending', 0, %s, %s, %s)",
-                ("job.created", "ai_job", str(cur.lastrowid), uuid.uuid4().hex,
+                ("job.created", "ai_job", str(cur.lastrowid), os.urandom(16).hex(),
                  json.dumps({**PAYLOAD, "job_id": n}, separators=(",", ":")), now, now, now))
             self.conn.commit()
 
