@@ -31,7 +31,7 @@ _MASK = "***"
 # "password", "db_password", "clientSecret", "X-Api-Key" are; "tokenCount",
 # "passwordChangedAt", "max_tokens", "secret_name" are not.
 _SENSITIVE_LAST_WORDS = frozenset({
-    "password", "passwd", "pwd", "passphrase", "secret", "token", "authorization",
+    "password", "passwd", "pass", "pwd", "passphrase", "secret", "token", "authorization",
     "cookie", "cookies", "credential", "credentials", "apikey", "privatekey", "secretkey",
     "accesskey", "sessionid", "bearer", "jwt", "dsn",
 })
