@@ -29,12 +29,10 @@ def name(field: str, value: Any, max_length: int = MAX_NAME_LENGTH) -> str:
     if len(value) > max_length:
         raise InvalidEventError(
             f"{field} is {len(value)} characters long; the limit is {max_length}")
-    if "\x00" in value or not value.isprintable():
-        raise InvalidEventError(f"{field} must not contain control characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidEventError(f"{field} is not valid Unicode (a lone surrogate)") from exc
+    if not value.isprintable():  # also refuses NUL and lone surrogates (not valid UTF-8)
+        raise InvalidEventError(
+            f"{field} must hold printable characters only (no control characters, no lone "
+            "surrogates)")
     return value
 
 

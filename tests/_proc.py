@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import signal
 from typing import Any
 
 from outbox_lite import DuplicateEventError, OutboxRepository
@@ -24,8 +24,7 @@ def claim_then_hang(url: str, name: str, limit: int, ready: Any) -> None:
     for event in batch[: len(batch) // 2]:
         repo.mark_published(event.id, name)
     ready.put((name, [e.id for e in batch]))
-    while True:  # hold the claims until killed; the parent never waits on this to expire
-        time.sleep(60)
+    signal.pause()  # hold the claims until the parent's SIGKILL; nothing waits for an expiry
 
 
 def insert_key(url: str, key: str, barrier: Any, results: Any) -> None:
