@@ -21,6 +21,9 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 #: MariaDB's JSON_VALID refuses documents nested 32 levels deep or more (MySQL allows 100).
 MAX_DEPTH = 31
 _MASK = "***"
+_CONTAINERS = (dict, list, tuple)
+# Built once: json.dumps() with any non-default option builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 # ---------------------------------------------------------------------------
@@ -127,12 +130,16 @@ _SHAPES = (
         r"client[_\-]?secret)(?:=|:(?=\S))(?P<secret>[^\s&;,'\"]{3,})")),
 )
 _SHORTEST_SHAPE = 7  # "pwd=abc", "a://:b@": nothing shorter can hold a credential
+_TRIGGERS = tuple(dict.fromkeys(t for shape in _SHAPES for t in shape.triggers))
 
 
 def _may_hold_credential(text: str) -> bool:
     """False when no shape can match ``text``: a cheap test of literal triggers."""
     lowered = text.lower()
-    return any(t in lowered for shape in _SHAPES for t in shape.triggers)
+    for trigger in _TRIGGERS:  # a plain loop: twice as fast as any() over a generator
+        if trigger in lowered:
+            return True
+    return False
 
 
 def _credential_in_text(text: str) -> str | None:
@@ -191,7 +198,7 @@ def _check(value: Any, trail: list[str | int], sensitive: bool,
         reason = scan and _credential_in_text(value)
         if reason:
             raise CredentialInPayloadError(_format_path(trail), reason)
-    elif isinstance(value, (dict, list, tuple)):
+    elif isinstance(value, _CONTAINERS):
         if len(trail) >= MAX_DEPTH:
             raise PayloadError(
                 f"payload is nested deeper than {MAX_DEPTH} levels at {_format_path(trail)}")
@@ -232,13 +239,13 @@ def _plain_keys(payload: Any) -> bool:
     while stack:
         value = stack.pop()
         if isinstance(value, dict):
-            for key, item in value.items():
-                if not isinstance(key, str) or is_sensitive_key(key):
+            for key in value:  # a str subclass takes the exact walk, which accepts it
+                if type(key) is not str or is_sensitive_key(key):
                     return False
-                if isinstance(item, (dict, list, tuple)):
-                    stack.append(item)
-        else:
-            stack.extend(item for item in value if isinstance(item, (dict, list, tuple)))
+            value = value.values()
+        for item in value:
+            if isinstance(item, _CONTAINERS):
+                stack.append(item)
     return True
 
 
@@ -251,12 +258,12 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     :class:`CredentialInPayloadError` names the first one's JSON path. ``allowed_keys`` are key
     names the caller knows are safe (compared without case, ``_`` or ``-``).
     """
-    if not isinstance(payload, (dict, list, tuple)):
+    if not isinstance(payload, _CONTAINERS):
         raise PayloadError(
             f"payload must be a JSON object (dict) or array (list), not {type(payload).__name__}")
-    allowed = frozenset(_normalise_key(k) for k in allowed_keys)
+    allowed = frozenset(map(_normalise_key, allowed_keys)) if allowed_keys else frozenset()
     try:
-        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(payload)
     except (TypeError, ValueError, RecursionError) as exc:
         _check(payload, [], False, allowed, True)  # names the offending path
         raise PayloadError(f"payload is not JSON: {exc}") from exc
@@ -269,7 +276,7 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     if scan or not shallow or not _plain_keys(payload):
         _check(payload, [], False, allowed, scan)
     try:
-        size = len(text.encode("utf-8"))
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise PayloadError("payload has a string that is not valid Unicode "
                            "(a lone surrogate)") from exc

@@ -17,7 +17,6 @@ The repository never begins, commits or rolls back anything: the caller owns the
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import operator
 import os
@@ -242,7 +241,9 @@ class OutboxRepository:
 
         Raises TransactionRequiredError outside a transaction, InvalidEventError (or a
         PayloadError) for bad input, both before any SQL, and DuplicateEventError when
-        ``dedupe_key`` exists (the caller's transaction stays usable).
+        ``dedupe_key`` exists (the caller's transaction stays usable). Like Peewee's
+        ``Model.create``, the returned event holds ``payload`` as given; the row holds its
+        JSON text (where a tuple reads back as a list).
         """
         self._require_transaction("create_in_transaction")
         event_type = _checks.name("event_type", event_type)
@@ -263,14 +264,16 @@ class OutboxRepository:
             if driver_errno(exc) == 1062 and "dedupe_key" in str(exc):
                 raise DuplicateEventError(dedupe_key) from exc
             raise
-        utc = dt.timezone.utc
-        return self._instance(dict(
-            id=cursor.lastrowid, event_type=event_type, aggregate_type=aggregate_type,
-            aggregate_id=aggregate_id, dedupe_key=dedupe_key, payload=json.loads(body),
-            status=_PENDING, attempt_count=0, available_at=available.replace(tzinfo=utc),
-            locked_at=None, locked_by=None, published_at=None, last_error_code=None,
-            last_error_message=None, created_at=now.replace(tzinfo=utc),
-            updated_at=now.replace(tzinfo=utc)))
+        created = now.replace(tzinfo=dt.timezone.utc)
+        return self._instance({
+            "id": cursor.lastrowid, "event_type": event_type, "aggregate_type": aggregate_type,
+            "aggregate_id": aggregate_id, "dedupe_key": dedupe_key, "payload": payload,
+            "status": _PENDING, "attempt_count": 0,
+            "available_at": created if available_at is None else available.replace(
+                tzinfo=dt.timezone.utc),
+            "locked_at": None, "locked_by": None, "published_at": None,
+            "last_error_code": None, "last_error_message": None, "created_at": created,
+            "updated_at": created})
 
     # -- claiming -----------------------------------------------------------------------
 
