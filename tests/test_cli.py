@@ -40,11 +40,11 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
     assert "up to date" in capsys.readouterr().out
     conn = fresh_url.server_connection()
     with conn.cursor() as cur:
-        cur.execute(f"SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s"
+        cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s"
                     " AND table_name = 'outbox_event'", (fresh_url.name,))
         assert cur.fetchone() == (1,)
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
-        cur.execute(f"SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s"
+        cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s"
                     " AND table_name = 'outbox_event'", (fresh_url.name,))
         assert cur.fetchone() == (0,)
     conn.close()

@@ -8,13 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pymysql
 import pytest
 
 from outbox_lite import InvalidEventError, OutboxRepository
 from outbox_lite.cli import main
 
-from conftest import T0, new_event, seed
+from conftest import new_event, seed
 
 ROOT = Path(__file__).resolve().parent.parent
 
