@@ -27,6 +27,7 @@ def captured(db, repo, clock, monkeypatch):
         batch = repo.claim_batch("w", limit=10)
     assert repo.mark_processing(ids[-1], "w")
     assert repo.mark_published(batch[0].id, "w")
+    assert repo.mark_published_many([batch[3].id, batch[4].id], "w") == 2
     assert repo.mark_failed(batch[1].id, "w", "e", "m")
     assert repo.mark_failed(batch[2].id, "w", "e", "m", retryable=False)
     clock.advance(hours=1)
