@@ -5,7 +5,8 @@ Prints, for each measure, the median over alternating rounds of the library and 
 baseline (same SQL work, no ORM), and the median of the rounds' ratios library/raw:
 
 * claim: claim + publish throughput with 4 worker processes (claim_batch, then
-  mark_published each), or threads with --threads;
+  mark_published each), or threads with --threads; claim-many: the same with each batch
+  recorded by one mark_published_many;
 * write: a business INSERT plus create_in_transaction in one transaction vs raw INSERTs,
   the two (and, for reference, the same transaction through Peewee alone) taking turns in
   blocks of 50 transactions;
@@ -123,6 +124,16 @@ class Raw:
                 " WHERE id = %s AND status = 'processing' AND locked_by = %s",
                 (now, now, event_id, worker)) == 1
 
+    def publish_many(self, event_ids: list[int], worker: str) -> int:
+        now = utcnow()
+        marks = ", ".join(["%s"] * len(event_ids))
+        with self.conn.cursor() as cur:
+            return cur.execute(
+                "UPDATE outbox_event FORCE INDEX (PRIMARY) SET status = 'published',"
+                " published_at = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
+                f" WHERE id IN ({marks}) AND status = 'processing' AND locked_by = %s",
+                (now, now, *sorted(event_ids), worker))
+
     def close(self) -> None:
         self.conn.close()
 
@@ -145,6 +156,9 @@ class Library:
 
     def publish(self, event_id: int, worker: str) -> bool:
         return self.repo.mark_published(event_id, worker)
+
+    def publish_many(self, event_ids: list[int], worker: str) -> int:
+        return self.repo.mark_published_many(event_ids, worker)
 
     def close(self) -> None:
         self.db.close()
@@ -171,8 +185,9 @@ class PeeweeOnly(Library):
 # ---------------------------------------------------------------------------
 
 def _claim_worker(impl: type, url: DatabaseUrl, window: int, batch: int, name: str,
-                  barrier: Any, errors: Any) -> None:
-    """Claim and publish until nothing is left; put None, or the failure, on ``errors``."""
+                  many: bool, barrier: Any, errors: Any) -> None:
+    """Claim and publish (each event, or each batch at once when ``many``) until nothing
+    is left; put None, or the failure, on ``errors``."""
     client = impl(url, window)
     failure = None
     try:
@@ -181,8 +196,12 @@ def _claim_worker(impl: type, url: DatabaseUrl, window: int, batch: int, name: s
             events = client.claim(name, batch)
             if not events:
                 break
-            for event in events:
-                client.publish(event[0] if isinstance(event, tuple) else event.id, name)
+            ids = [event[0] if isinstance(event, tuple) else event.id for event in events]
+            if many:
+                client.publish_many(ids, name)
+            else:
+                for event_id in ids:
+                    client.publish(event_id, name)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         failure = repr(exc)
     finally:
@@ -222,9 +241,10 @@ class Bench:
                     " dedupe_key, payload, status, available_at, published_at, created_at,"
                     " updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
 
-    def claim_throughput(self, impl: type) -> float:
+    def claim_throughput(self, impl: type, many: bool = False) -> float:
         """Events claimed and published per second by ``workers`` workers, each a process
-        (or a thread with ``--threads``) with a connection of its own."""
+        (or a thread with ``--threads``) with a connection of its own; ``many`` publishes
+        each claimed batch in one statement."""
         self.reset()
         self.seed(self.events)
         if self.threads:
@@ -232,13 +252,13 @@ class Bench:
             errors: Any = queue.Queue()
             workers: list[Any] = [
                 threading.Thread(target=_claim_worker, args=(
-                    impl, self.url, self.window, self.batch, f"bench-{i}", barrier, errors))
+                    impl, self.url, self.window, self.batch, f"bench-{i}", many, barrier, errors))
                 for i in range(self.workers)]
         else:
             context = multiprocessing.get_context("fork")
             barrier, errors = context.Barrier(self.workers + 1), context.Queue()
             workers = [context.Process(target=_claim_worker, args=(
-                impl, self.url, self.window, self.batch, f"bench-{i}", barrier, errors))
+                impl, self.url, self.window, self.batch, f"bench-{i}", many, barrier, errors))
                 for i in range(self.workers)]
         for worker in workers:
             worker.start()
@@ -342,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", action="store_true",
                         help="run the claim workers as threads of this process instead; with "
                              "the GIL, the client's Python then weighs far more than the SQL")
-    parser.add_argument("--only", choices=("claim", "write", "latency"), action="append",
+    parser.add_argument("--only", choices=("claim", "claim-many", "write", "latency"),
+                        action="append",
                         help="run only this measure (repeatable; default: all three)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--claim-window", type=int, default=CLAIM_WINDOW,
@@ -366,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(url, events=args.events, writes=args.writes,
                       loaded_rows=args.loaded_rows, batch=args.batch, workers=args.workers,
                       window=args.claim_window, threads=args.threads)
-        only = set(args.only or ("claim", "write", "latency"))
+        only = set(args.only or ("claim", "claim-many", "write", "latency"))
         rows = []
         if "claim" in only:
             lib, raw, ratio = _median_pair(args.rounds,
@@ -375,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
             kind = "threads" if args.threads else "processes"
             rows.append((f"claim+publish events/s ({args.workers} {kind})", lib, raw,
                          ratio, ">= 0.90", ratio >= 0.90))
+        if "claim-many" in only:
+            lib, raw, ratio = _median_pair(
+                args.rounds, lambda: bench.claim_throughput(Library, many=True),
+                lambda: bench.claim_throughput(Raw, many=True))
+            kind = "threads" if args.threads else "processes"
+            rows.append((f"  same, batch publish ({args.workers} {kind})", lib, raw, ratio,
+                         "reference", None))
         if "write" in only:
             runs = [bench.write_throughput() for _ in range(args.rounds)]
             lib, raw, peewee = (statistics.median(run[impl] for run in runs)
