@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                              "the GIL, the client's Python then weighs far more than the SQL")
     parser.add_argument("--only", choices=("claim", "claim-many", "write", "latency"),
                         action="append",
-                        help="run only this measure (repeatable; default: all three)")
+                        help="run only this measure (repeatable; default: all four)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--claim-window", type=int, default=CLAIM_WINDOW,
                         help=f"claim_window for both sides (default: the library's, "
