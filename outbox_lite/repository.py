@@ -78,16 +78,13 @@ _MARK_PROCESSING = (
     f"UPDATE {_BY_PK} {_CLAIM_SET}"
     f" WHERE id = %s AND status = '{_PENDING}' AND available_at <= %s"
 )
-_MARK_PUBLISHED = (
-    f"UPDATE {_BY_PK} SET status = '{_PUBLISHED}', published_at = %s,"
+_HELD = f"status = '{_PROCESSING}' AND locked_by = %s"  # the fence of every outcome
+_PUBLISH_SET = (
+    f"SET status = '{_PUBLISHED}', published_at = %s,"
     " locked_by = NULL, locked_at = NULL, updated_at = %s"
-    f" WHERE id = %s AND status = '{_PROCESSING}' AND locked_by = %s"
 )
-_MARK_PUBLISHED_MANY = (
-    f"UPDATE {_BY_PK} SET status = '{_PUBLISHED}', published_at = %s,"
-    " locked_by = NULL, locked_at = NULL, updated_at = %s"
-    f" WHERE id IN ({{ids}}) AND status = '{_PROCESSING}' AND locked_by = %s"
-)
+_MARK_PUBLISHED = f"UPDATE {_BY_PK} {_PUBLISH_SET} WHERE id = %s AND {_HELD}"
+_MARK_PUBLISHED_MANY = f"UPDATE {_BY_PK} {_PUBLISH_SET} WHERE id IN ({{ids}}) AND {_HELD}"
 _FIND_DISPATCHABLE = (
     f"{_SELECT}{_BY_STATUS} WHERE status = '{_PENDING}' AND available_at <= %s"
     " ORDER BY available_at, id LIMIT %s"
@@ -97,7 +94,7 @@ _FIND_DISPATCHABLE = (
 _FAILED_FOR_GOOD = (
     f"UPDATE {_BY_PK} SET status = '{_FAILED}', last_error_code = %s,"
     " last_error_message = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
-    f" WHERE id = %s AND status = '{_PROCESSING}' AND locked_by = %s"
+    f" WHERE id = %s AND {_HELD}"
 )
 
 
@@ -435,7 +432,7 @@ class OutboxRepository:
             f" status = IF(attempt_count < %s, '{_PENDING}', '{_FAILED}'),"
             " last_error_code = %s, last_error_message = %s,"
             " locked_by = NULL, locked_at = NULL, updated_at = %s"
-            f" WHERE id = %s AND status = '{_PROCESSING}' AND locked_by = %s"
+            f" WHERE id = %s AND {_HELD}"
         )
         params = (self.max_attempts, *retry_at, self.max_attempts, *tail)
         return self._execute(sql, params).rowcount == 1
