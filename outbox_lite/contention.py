@@ -263,8 +263,10 @@ class ContentionSuite:
             return None
 
     def _batch_worker(self, repo: OutboxRepository, workers: _Workers, name: str,
-                      fail: Callable[[int, int], bool] | None = None) -> list[tuple[int, int]]:
-        """The documented worker loop; returns the (event id, attempt) pairs it claimed."""
+                      fail: Callable[[int, int], bool] | None = None,
+                      many: bool = False) -> list[tuple[int, int]]:
+        """The documented worker loop; returns the (event id, attempt) pairs it claimed.
+        With ``many`` it records each batch's publishes with one mark_published_many."""
         claims: list[tuple[int, int]] = []
         while True:
             batch = self._claim(repo, name, workers)
@@ -278,11 +280,13 @@ class ContentionSuite:
             claims += [(e.id, e.attempt_count) for e in batch]
             good = {e.id for e in batch if not (fail and fail(e.id, e.attempt_count))}
             self._publish(name, ((e.id, e.attempt_count) for e in batch if e.id in good))
+            if many:
+                repo.mark_published_many(good, name)
             for event in batch:
-                if event.id in good:
-                    repo.mark_published(event.id, name)
-                else:
+                if event.id not in good:
                     repo.mark_failed(event.id, name, "publish_failed", "broker said no")
+                elif not many:
+                    repo.mark_published(event.id, name)
 
     # -- invariants ---------------------------------------------------------------------
 
@@ -332,8 +336,9 @@ class ContentionSuite:
         ids = self._seed(self.events)
         repo = self._repository()
         self.progress("batch: racing")
-        results, errors = workers.run(
-            self.workers, lambda i: self._batch_worker(repo, workers, f"batch-{i}"))
+        results, errors = workers.run(  # odd workers record each batch at once
+            self.workers, lambda i: self._batch_worker(repo, workers, f"batch-{i}",
+                                                       many=i % 2 == 1))
         claims = [c for r in results if r for c in r]
         self._check_common(result, ids, claims, errors)
         self._expect_statuses(result, {"published": len(ids)})
@@ -424,21 +429,40 @@ class ContentionSuite:
         released = repo.release_expired_locks(self.lock_timeout)  # the take-over
         if released != len(ids):
             result.violations.append(f"released {released} expired claims of {len(ids)}")
-        accepted = [0] * self.workers
+        # First a take-over without timing luck: a fresh worker holds a batch while the
+        # stale owners of those events try to finish them.
+        owner = {event_id: n for n, held in enumerate(stale) for event_id in held}
+        probe = self._claim(repo, "fresh-probe", workers) or []
+        late = 0
+        for event in probe:
+            name = f"stale-{owner[event.id]}"
+            late += repo.mark_published_many([event.id], name)
+            late += repo.mark_published(event.id, name)
+            late += repo.mark_failed(event.id, name, "late", "late")
+        still_held = self._query("SELECT COUNT(*) FROM outbox_event WHERE status = 'processing'"
+                                 " AND locked_by = 'fresh-probe'")[0][0]
+        if still_held != len(probe):
+            result.violations.append(
+                f"stale calls changed {len(probe) - still_held} events another worker held")
+        self._publish("fresh-probe", ((e.id, e.attempt_count) for e in probe))
+        repo.mark_published_many([e.id for e in probe], "fresh-probe")
+        accepted = [late] + [0] * (self.workers - 1)
 
         def race(i: int) -> list[tuple[int, int]]:
             half = self.workers // 2
             if i < half:  # the stale workers wake up and try to finish their old claims
                 for n in range(i, self.workers, half):
                     for event_id in stale[n]:
+                        accepted[i] += repo.mark_published_many([event_id], f"stale-{n}")
                         accepted[i] += repo.mark_published(event_id, f"stale-{n}")
                         accepted[i] += repo.mark_failed(event_id, f"stale-{n}", "late", "late")
                 return []
-            return self._batch_worker(repo, workers, f"fresh-{i}")
+            return self._batch_worker(repo, workers, f"fresh-{i}", many=i % 2 == 1)
 
         self.progress("fencing: fresh workers take over while the stale ones wake up")
         results2, errors2 = workers.run(self.workers, race)
         claims = [c for r in results + results2 if r for c in r]
+        claims += [(e.id, e.attempt_count) for e in probe]
         self._check_common(result, ids, claims, errors + errors2)
         if sum(accepted):
             result.violations.append(f"{sum(accepted)} stale calls were accepted")

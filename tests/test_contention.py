@@ -57,6 +57,20 @@ class _NoFencing(OutboxRepository):
             (now, event_id)).rowcount == 1
 
 
+class _NoFencingMany(OutboxRepository):
+    """Broken on purpose: the batch publish ignores who holds the events."""
+
+    def mark_published_many(self, event_ids, locked_by):
+        ids = list(event_ids)
+        if not ids:
+            return 0
+        now = self._now()
+        return self.database.execute_sql(
+            "UPDATE outbox_event SET status = 'published', published_at = %s, locked_by = NULL,"
+            f" locked_at = NULL WHERE id IN ({', '.join(['%s'] * len(ids))})"
+            " AND status = 'processing'", (now, *ids)).rowcount
+
+
 class _ForgetsRetries(OutboxRepository):
     """Broken on purpose: every failure dead-letters, retryable or not."""
 
@@ -67,6 +81,7 @@ class _ForgetsRetries(OutboxRepository):
 
 @pytest.mark.parametrize("broken,scenario,words", [
     (_NoFencing, "fencing", "stale calls were accepted"),
+    (_NoFencingMany, "fencing", "stale calls were accepted"),
     (_ForgetsRetries, "retry", "statuses"),
 ])
 def test_a_broken_repository_breaks_the_invariants(suite_url, broken, scenario, words):
