@@ -408,6 +408,13 @@ class ContentionSuite:
         if released != orphans:
             result.violations.append(f"{released} claims released, {orphans} orphaned")
 
+    @staticmethod
+    def _finish_late(repo: OutboxRepository, event_id: int, name: str) -> int:
+        """A stale worker tries every way to finish an event; how many calls were accepted."""
+        return (repo.mark_published_many([event_id], name)
+                + repo.mark_published(event_id, name)
+                + repo.mark_failed(event_id, name, "late", "late"))
+
     def _scenario_fencing(self, result: Result, workers: _Workers) -> None:
         ids = self._seed(self.events)
         repo = self._repository()
@@ -435,10 +442,7 @@ class ContentionSuite:
         probe = self._claim(repo, "fresh-probe", workers) or []
         late = 0
         for event in probe:
-            name = f"stale-{owner[event.id]}"
-            late += repo.mark_published_many([event.id], name)
-            late += repo.mark_published(event.id, name)
-            late += repo.mark_failed(event.id, name, "late", "late")
+            late += self._finish_late(repo, event.id, f"stale-{owner[event.id]}")
         still_held = self._query("SELECT COUNT(*) FROM outbox_event WHERE status = 'processing'"
                                  " AND locked_by = 'fresh-probe'")[0][0]
         if still_held != len(probe):
@@ -453,9 +457,7 @@ class ContentionSuite:
             if i < half:  # the stale workers wake up and try to finish their old claims
                 for n in range(i, self.workers, half):
                     for event_id in stale[n]:
-                        accepted[i] += repo.mark_published_many([event_id], f"stale-{n}")
-                        accepted[i] += repo.mark_published(event_id, f"stale-{n}")
-                        accepted[i] += repo.mark_failed(event_id, f"stale-{n}", "late", "late")
+                        accepted[i] += self._finish_late(repo, event_id, f"stale-{n}")
                 return []
             return self._batch_worker(repo, workers, f"fresh-{i}", many=i % 2 == 1)
 
