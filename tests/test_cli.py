@@ -35,7 +35,8 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
     assert fresh_url.password == "" or pytest.fail("this test builds a password-less URL")
     assert main(["migrate", "--database-url", raw]) == 0
     out = capsys.readouterr().out
-    assert "created database" in out and "applied 001_create_outbox_event" in out
+    assert "created database" in out
+    assert "applied 001_create_outbox_event, 002_aggregate_index_published_at" in out
     assert main(["migrate", "--database-url", raw]) == 0
     assert "up to date" in capsys.readouterr().out
     conn = fresh_url.server_connection()
@@ -44,6 +45,9 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
                     " AND table_name = 'outbox_event'", (fresh_url.name,))
         assert cur.fetchone() == (1,)
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
+        assert "rolled back 002_aggregate_index_published_at" in capsys.readouterr().out
+        assert main(["migrate", "--rollback", "--database-url", raw]) == 0
+        assert "rolled back 001_create_outbox_event" in capsys.readouterr().out
         cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s"
                     " AND table_name = 'outbox_event'", (fresh_url.name,))
         assert cur.fetchone() == (0,)

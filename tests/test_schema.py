@@ -11,6 +11,7 @@ import outbox_lite
 from outbox_lite import migrate as schema
 from outbox_lite.models import COLUMNS, OutboxEvent
 
+MIGRATIONS = ["001_create_outbox_event", "002_aggregate_index_published_at"]
 EXPECTED_TYPES = {
     "id": "bigint", "event_type": "varchar(255)", "aggregate_type": "varchar(255)",
     "aggregate_id": "varchar(255)", "dedupe_key": "varchar(255)", "status": "varchar(16)",
@@ -54,7 +55,9 @@ def test_table_has_the_required_indexes_and_no_foreign_key(fetch):
     assert unique["uq_outbox_event_dedupe_key"]
     assert indexes["ix_outbox_event_status_available_at"] == ["status", "available_at"]
     assert indexes["ix_outbox_event_locked_at"] == ["locked_at"]
-    assert indexes["ix_outbox_event_aggregate"] == ["aggregate_type", "aggregate_id"]
+    # (aggregate_type, aggregate_id) leads it; published_at makes an aggregate's head one read
+    assert indexes["ix_outbox_event_aggregate"] == ["aggregate_type", "aggregate_id",
+                                                    "published_at"]
     assert fetch("SELECT * FROM information_schema.referential_constraints"
                  " WHERE constraint_schema = DATABASE()") == []
     engine = fetch("SELECT engine FROM information_schema.tables WHERE table_schema = DATABASE()"
@@ -75,16 +78,38 @@ def test_status_check_constraint_refuses_unknown_states(db, fetch):
     assert fetch("SELECT status FROM outbox_event") == [{"status": "pending"}]
 
 
-def test_migrate_twice_is_a_no_op_and_rollback_undoes_it(db_url, fetch):
+def _aggregate_index(fetch):
+    return [r["col"] for r in fetch(
+        "SELECT column_name AS col FROM information_schema.statistics WHERE table_schema ="
+        " DATABASE() AND table_name = 'outbox_event' AND index_name = 'ix_outbox_event_aggregate'"
+        " ORDER BY seq_in_index")]
+
+
+def test_migrate_twice_is_a_no_op_and_rollback_undoes_one_migration_at_a_time(db_url, fetch):
     database = db_url.database()
     assert schema.migrate(database) == []  # the fixture migrated already
-    assert schema.applied(database) == ["001_create_outbox_event"]
+    assert schema.applied(database) == MIGRATIONS
+    assert schema.rollback(database) == "002_aggregate_index_published_at"
+    assert _aggregate_index(fetch) == ["aggregate_type", "aggregate_id"]
+    assert len(_columns(fetch)) == 16
     assert schema.rollback(database) == "001_create_outbox_event"
     assert fetch("SHOW TABLES LIKE 'outbox_event'") == []
     assert schema.rollback(database) is None
-    assert schema.migrate(database) == ["001_create_outbox_event"]
+    assert schema.migrate(database) == MIGRATIONS
     assert len(_columns(fetch)) == 16
+    assert _aggregate_index(fetch) == ["aggregate_type", "aggregate_id", "published_at"]
     database.close()
+
+
+def test_the_index_migration_keeps_the_rows_of_a_table_in_use(db_url, repo, fetch):
+    from conftest import seed
+    ids = seed(repo, 50)
+    database = db_url.database()
+    assert schema.rollback(database) == "002_aggregate_index_published_at"
+    assert schema.migrate(database) == ["002_aggregate_index_published_at"]
+    database.close()
+    assert [r["id"] for r in fetch("SELECT id FROM outbox_event ORDER BY id")] == ids
+    assert fetch("CHECK TABLE outbox_event")[0]["Msg_text"] == "OK"
 
 
 def test_history_is_isolated_from_a_host_services_peewee_migrate(db_url, fetch, tmp_path):
@@ -97,12 +122,11 @@ def test_history_is_isolated_from_a_host_services_peewee_migrate(db_url, fetch, 
     host = Router(database, migrate_dir=host_dir)  # the host's own, default history table
     assert host.run() == ["001_host"]
     # Ours, built after the host's router, must not read or write the host's history ...
-    assert schema.applied(database) == ["001_create_outbox_event"]
+    assert schema.applied(database) == MIGRATIONS
     assert schema.migrate(database) == []
     # ... and the host's history must still hold only the host's migration.
     assert [r["name"] for r in fetch("SELECT name FROM migratehistory")] == ["001_host"]
-    assert [r["name"] for r in fetch(f"SELECT name FROM {schema.HISTORY_TABLE}")] == [
-        "001_create_outbox_event"]
+    assert [r["name"] for r in fetch(f"SELECT name FROM {schema.HISTORY_TABLE}")] == MIGRATIONS
     assert host.done == ["001_host"]
     database.close()
 
