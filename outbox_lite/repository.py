@@ -1,15 +1,8 @@
 """OutboxRepository: record events in the caller's transaction, hand them out, record outcomes.
 
-Locking rules every statement here follows (InnoDB, REPEATABLE READ or READ COMMITTED):
-
-* Rows are changed by primary key only (``FORCE INDEX (PRIMARY)``), as compare-and-set
-  ``UPDATE … WHERE id = ? AND status = ? [AND locked_by = ?]``; the affected-row count decides.
-  A point lookup on the primary key takes a record lock and no gap lock.
-* Scans (finding candidates) are plain consistent reads and lock nothing. A locking range scan
-  on ``(status, available_at)`` would take next-key locks at the end of the range, which block
-  writers inserting new events and make two claimers deadlock on each other's gaps.
-* ``claim_batch`` locks candidates by primary key with ``FOR UPDATE SKIP LOCKED``, so workers
-  skip each other's rows instead of waiting.
+The statements and the locking rules they follow are in :mod:`outbox_lite._sql`; this module
+checks arguments, runs them and reads the results. ``claim_batch`` locks candidates by primary
+key with ``FOR UPDATE SKIP LOCKED``, so workers skip each other's rows instead of waiting.
 
 The repository never begins, commits or rolls back anything: the caller owns the transaction.
 """
@@ -27,6 +20,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 import peewee as pw
 
 from . import _checks
+from . import _sql as sql
 from .backoff import Backoff
 from .errors import (
     ConnectionLostError,
@@ -52,50 +46,9 @@ logger = logging.getLogger(__name__)
 
 Clock = Callable[[], dt.datetime]
 
-_BY_PK = "outbox_event FORCE INDEX (PRIMARY)"
-_BY_STATUS = "outbox_event FORCE INDEX (ix_outbox_event_status_available_at)"
-_BY_LOCKED_AT = "outbox_event FORCE INDEX (ix_outbox_event_locked_at)"
-_SELECT = "SELECT " + ", ".join(f"`{c}`" for c in COLUMNS) + " FROM "
 _CHUNK = 500  # ids per IN (…) list
 _AVAILABLE_AT = operator.itemgetter(COLUMNS.index("available_at"))
-
 _UTC = dt.timezone.utc
-_PENDING = OutboxStatus.PENDING.value
-_PROCESSING = OutboxStatus.PROCESSING.value
-_PUBLISHED = OutboxStatus.PUBLISHED.value
-_FAILED = OutboxStatus.FAILED.value
-
-_INSERT = (
-    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
-    " status, attempt_count, available_at, created_at, updated_at)"
-    f" VALUES (%s, %s, %s, %s, %s, '{_PENDING}', 0, %s, %s, %s)"
-)
-_CLAIM_SET = (
-    f"SET status = '{_PROCESSING}', locked_by = %s, locked_at = %s,"
-    " attempt_count = attempt_count + 1, updated_at = %s"
-)
-_MARK_PROCESSING = (
-    f"UPDATE {_BY_PK} {_CLAIM_SET}"
-    f" WHERE id = %s AND status = '{_PENDING}' AND available_at <= %s"
-)
-_HELD = f"status = '{_PROCESSING}' AND locked_by = %s"  # the fence of every outcome
-_PUBLISH_SET = (
-    f"SET status = '{_PUBLISHED}', published_at = %s,"
-    " locked_by = NULL, locked_at = NULL, updated_at = %s"
-)
-_MARK_PUBLISHED = f"UPDATE {_BY_PK} {_PUBLISH_SET} WHERE id = %s AND {_HELD}"
-_MARK_PUBLISHED_MANY = f"UPDATE {_BY_PK} {_PUBLISH_SET} WHERE id IN ({{ids}}) AND {_HELD}"
-_FIND_DISPATCHABLE = (
-    f"{_SELECT}{_BY_STATUS} WHERE status = '{_PENDING}' AND available_at <= %s"
-    " ORDER BY available_at, id LIMIT %s"
-)
-# Assignments read a column before any later assignment writes it, so the statements mean the
-# same under MySQL's left-to-right rule and MariaDB's SIMULTANEOUS_ASSIGNMENT mode.
-_FAILED_FOR_GOOD = (
-    f"UPDATE {_BY_PK} SET status = '{_FAILED}', last_error_code = %s,"
-    " last_error_message = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
-    f" WHERE id = %s AND {_HELD}"
-)
 
 
 @dataclass(frozen=True)
@@ -115,13 +68,13 @@ class OutboxStats:
                 "dead_letters_by_code": self.dead_letters_by_code}
 
 
-def _placeholders(n: int) -> str:
-    return ", ".join(["%s"] * n)
-
-
 def _chunks(ids: list[int]) -> Iterator[list[int]]:
     for start in range(0, len(ids), _CHUNK):
         yield ids[start:start + _CHUNK]
+
+
+def _with_ids(statement: str, ids: Sequence[int]) -> str:
+    return statement.format(ids=sql.placeholders(len(ids)))
 
 
 def _utc_now() -> dt.datetime:
@@ -271,7 +224,7 @@ class OutboxRepository:
         available = now if available_at is None else _checks.instant("available_at", available_at)
         params = (event_type, aggregate_type, aggregate_id, dedupe_key, body, available, now, now)
         try:
-            cursor = self._execute(_INSERT, params)
+            cursor = self._execute(sql.INSERT, params)
         except pw.IntegrityError as exc:
             if driver_errno(exc) == 1062 and "dedupe_key" in str(exc):
                 raise DuplicateEventError(dedupe_key) from exc
@@ -280,7 +233,7 @@ class OutboxRepository:
         return self._instance({
             "id": cursor.lastrowid, "event_type": event_type, "aggregate_type": aggregate_type,
             "aggregate_id": aggregate_id, "dedupe_key": dedupe_key, "payload": payload,
-            "status": _PENDING, "attempt_count": 0,
+            "status": sql.PENDING, "attempt_count": 0,
             "available_at": created if available_at is None else available.replace(
                 tzinfo=_UTC),
             "locked_at": None, "locked_by": None, "published_at": None,
@@ -292,49 +245,54 @@ class OutboxRepository:
     def find_dispatchable(self, limit: int = 100) -> list[OutboxEvent]:
         """Pending events whose ``available_at`` has passed, oldest first; locks nothing."""
         limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
-        return self._select(_FIND_DISPATCHABLE, (self._now(), limit))
+        return self._select(sql.FIND_DISPATCHABLE, (self._now(), limit))
 
     def mark_processing(self, event_id: int, locked_by: str) -> bool:
         """Claim one dispatchable event for ``locked_by`` (compare-and-set).
 
         Returns True for exactly one of many racing callers; False when the event is not
-        pending, not yet available, or missing.
+        pending, not yet available, or missing. It ignores aggregate order: a service that
+        claims ordered uses ``claim_batch(..., ordered=True)`` everywhere.
         """
         event_id = _checks.event_id(event_id)
         locked_by = _checks.name("locked_by", locked_by)
         now = self._now()
-        cursor = self._execute(_MARK_PROCESSING, (locked_by, now, now, event_id, now))
+        cursor = self._execute(sql.MARK_PROCESSING, (locked_by, now, now, event_id, now))
         return cursor.rowcount == 1
 
-    def claim_batch(self, locked_by: str, limit: int = 100) -> list[OutboxEvent]:
+    def claim_batch(self, locked_by: str, limit: int = 100, *,
+                    ordered: bool = False) -> list[OutboxEvent]:
         """Claim up to ``limit`` dispatchable events for ``locked_by`` in the caller's
         transaction; concurrent claimers get disjoint sets without waiting on each other.
 
-        Returns the claimed events (already ``processing``), oldest ``available_at`` first.
+        With ``ordered`` only the head of each aggregate is claimed: an event whose
+        (aggregate_type, aggregate_id) has an older pending, processing or failed event is
+        left alone. When every worker claims ordered, an aggregate's events are therefore
+        published one at a time in id order, and a dead letter holds back its own aggregate
+        only. Returns the claimed events (already ``processing``), oldest ``available_at``
+        first.
         """
         self._require_transaction("claim_batch")
         locked_by = _checks.name("locked_by", locked_by)
         limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
+        ordered = _checks.flag("ordered", ordered)
         now = self._now()
+        where = f"{sql.DISPATCHABLE} AND {sql.HEAD}" if ordered else sql.DISPATCHABLE
+        source = sql.CANDIDATES if ordered else sql.BY_STATUS
         claimed: list[Sequence[Any]] = []
-        pages = self._pages(_BY_STATUS, f"status = '{_PENDING}' AND available_at <= %s", (now,),
-                            "available_at", limit * self.claim_window)
-        for ids in pages:
-            sql = (f"{_SELECT}{_BY_PK} WHERE id IN ({_placeholders(len(ids))})"
-                   f" AND status = '{_PENDING}' AND available_at <= %s"
-                   " LIMIT %s FOR UPDATE SKIP LOCKED")
-            claimed.extend(self._execute(sql, (*ids, now, limit - len(claimed))).fetchall())
+        for ids in self._pages(source, where, (now,), "available_at", limit * self.claim_window):
+            claimed.extend(self._execute(_with_ids(sql.LOCK_CANDIDATES, ids),
+                                         (*ids, now, limit - len(claimed))).fetchall())
             if len(claimed) >= limit:
                 break
         if not claimed:
             return []
         ids = [row[0] for row in claimed]
-        self._execute(f"UPDATE {_BY_PK} {_CLAIM_SET} WHERE id IN ({_placeholders(len(ids))})",
-                      (locked_by, now, now, *ids))
+        self._execute(_with_ids(sql.CLAIM, ids), (locked_by, now, now, *ids))
         # Rows come in id order; a stable sort on available_at makes it (available_at, id).
         claimed.sort(key=_AVAILABLE_AT)
         aware_now = now.replace(tzinfo=_UTC)
-        changes = {"status": _PROCESSING, "locked_by": locked_by, "locked_at": aware_now,
+        changes = {"status": sql.PROCESSING, "locked_by": locked_by, "locked_at": aware_now,
                    "updated_at": aware_now}
         events = [self._event(row, changes) for row in claimed]
         for event in events:
@@ -352,13 +310,13 @@ class OutboxRepository:
         """
         after: tuple[Any, int] | None = None
         while True:
-            sql = f"SELECT id FROM {source} WHERE {where}"
+            statement = f"SELECT id FROM {source} WHERE {where}"
             args = list(params)
             if after is not None:
-                sql += f" AND ({key} > %s OR ({key} = %s AND id > %s))"
+                statement += f" AND ({key} > %s OR ({key} = %s AND id > %s))"
                 args += [after[0], after[0], after[1]]
-            sql += f" ORDER BY {key}, id LIMIT %s"
-            ids = [row[0] for row in self._execute(sql, (*args, size)).fetchall()]
+            statement += f" ORDER BY {key}, id LIMIT %s"
+            ids = [row[0] for row in self._execute(statement, (*args, size)).fetchall()]
             if len(ids) < size:
                 if ids:
                     yield ids
@@ -371,8 +329,7 @@ class OutboxRepository:
                 after = (self._key_of(key, ids[-1]), ids[-1])
 
     def _key_of(self, key: str, event_id: int) -> Any:
-        return self._execute(f"SELECT {key} FROM outbox_event WHERE id = %s",
-                             (event_id,)).fetchone()[0]
+        return self._execute(sql.KEY_OF.format(key=key), (event_id,)).fetchone()[0]
 
     # -- outcomes -----------------------------------------------------------------------
 
@@ -385,7 +342,7 @@ class OutboxRepository:
         event_id = _checks.event_id(event_id)
         locked_by = _checks.name("locked_by", locked_by)
         now = self._now()
-        return self._execute(_MARK_PUBLISHED, (now, now, event_id, locked_by)).rowcount == 1
+        return self._execute(sql.MARK_PUBLISHED, (now, now, event_id, locked_by)).rowcount == 1
 
     def mark_published_many(self, event_ids: Iterable[int], locked_by: str) -> int:
         """:meth:`mark_published` for many events in one statement (per 500 ids), with the
@@ -396,7 +353,7 @@ class OutboxRepository:
         ids = _checks.event_ids(event_ids)
         locked_by = _checks.name("locked_by", locked_by)
         now = self._now()
-        return sum(self._execute(_MARK_PUBLISHED_MANY.format(ids=_placeholders(len(chunk))),
+        return sum(self._execute(_with_ids(sql.MARK_PUBLISHED_MANY, chunk),
                                  (now, now, *chunk, locked_by)).rowcount
                    for chunk in _chunks(ids))
 
@@ -420,22 +377,37 @@ class OutboxRepository:
         now = self._now()
         tail = (error_code, message, now, event_id, locked_by)
         if not retryable or self.max_attempts == 1:
-            return self._execute(_FAILED_FOR_GOOD, tail).rowcount == 1
+            return self._execute(sql.FAILED_FOR_GOOD, tail).rowcount == 1
         # The retry instant depends on attempt_count, which only the row knows: precompute
         # one instant per attempt (each with its own jitter) and let the row pick.
         steps = min(self.max_attempts - 1, self.backoff.uncapped_attempts())
-        whens = " ".join(f"WHEN {n} THEN %s" for n in range(1, steps + 1))
         retry_at = [now + self.backoff.delay(n) for n in range(1, steps + 2)]
-        sql = (
-            f"UPDATE {_BY_PK} SET available_at = IF(attempt_count < %s,"
-            f" CASE attempt_count {whens} ELSE %s END, available_at),"
-            f" status = IF(attempt_count < %s, '{_PENDING}', '{_FAILED}'),"
-            " last_error_code = %s, last_error_message = %s,"
-            " locked_by = NULL, locked_at = NULL, updated_at = %s"
-            f" WHERE id = %s AND {_HELD}"
-        )
         params = (self.max_attempts, *retry_at, self.max_attempts, *tail)
-        return self._execute(sql, params).rowcount == 1
+        return self._execute(sql.retry_or_fail(steps), params).rowcount == 1
+
+    def extend_locks(self, event_ids: Iterable[int], locked_by: str) -> int:
+        """Renew the claims ``locked_by`` still holds on ``event_ids``: ``locked_at`` becomes
+        now, so :meth:`release_expired_locks` counts their age from here.
+
+        Fenced like :meth:`mark_published`: events that are not ``processing`` and held by
+        ``locked_by`` are left alone. Returns how many were renewed; fewer than given means
+        those claims were lost (expired and released, or taken over). One statement per
+        500 ids.
+        """
+        ids = _checks.event_ids(event_ids)
+        locked_by = _checks.name("locked_by", locked_by)
+        now = self._now()
+        renewed = 0
+        for chunk in _chunks(ids):
+            changed = self._execute(_with_ids(sql.EXTEND_LOCKS, chunk),
+                                    (now, now, *chunk, locked_by)).rowcount
+            if changed < len(chunk):
+                # MySQL counts changed rows, not matched ones: a claim taken at this very
+                # instant matched without changing. Count what is held at ``now``.
+                changed = self._execute(_with_ids(sql.RENEWED, chunk),
+                                        (*chunk, locked_by, now)).fetchone()[0]
+            renewed += changed
+        return renewed
 
     # -- recovery -----------------------------------------------------------------------
 
@@ -448,45 +420,54 @@ class OutboxRepository:
         timeout = _checks.duration("lock_timeout", lock_timeout)
         now = self._now()
         cutoff = now - timeout
-        update = (
-            f"UPDATE {_BY_PK} SET last_error_message = CONCAT('claim by ', locked_by,"
-            " ' taken at ', locked_at, ' UTC expired'),"
-            f" status = IF(attempt_count >= %s, '{_FAILED}', '{_PENDING}'),"
-            " last_error_code = 'lock_expired', locked_by = NULL, locked_at = NULL,"
-            " updated_at = %s WHERE id IN ({ids})"
-            f" AND status = '{_PROCESSING}' AND locked_at < %s"
-        )
         released = 0
-        for ids in self._pages(_BY_LOCKED_AT, f"locked_at < %s AND status = '{_PROCESSING}'",
-                               (cutoff,), "locked_at", _CHUNK, caller_changes_rows=True):
-            cursor = self._execute(update.format(ids=_placeholders(len(ids))),
-                                   (self.max_attempts, now, *ids, cutoff))
-            released += cursor.rowcount
+        for ids in self._pages(sql.BY_LOCKED_AT, sql.EXPIRED, (cutoff,), "locked_at", _CHUNK,
+                               caller_changes_rows=True):
+            released += self._execute(_with_ids(sql.RELEASE_EXPIRED, ids),
+                                      (self.max_attempts, now, *ids, cutoff)).rowcount
         if released:
             logger.info("released %s expired outbox claims", released)
         return released
+
+    def _dead_letters(self, event_ids: Iterable[int] | None,
+                      error_code: str | None) -> tuple[Iterable[list[int]], str, tuple[str, ...]]:
+        """Pages of candidate ids for the dead-letter operations, and the code filter (SQL
+        and parameters) each statement must repeat."""
+        code_filter, code_params = "", ()  # type: tuple[str, tuple[str, ...]]
+        if error_code is not None:
+            error_code = _checks.name("error_code", error_code, MAX_ERROR_CODE_LENGTH)
+            code_filter, code_params = sql.WITH_CODE, (error_code,)
+        if event_ids is not None:
+            return _chunks(_checks.event_ids(event_ids)), code_filter, code_params
+        pages = self._pages(sql.BY_STATUS, sql.DEAD + code_filter, code_params, "available_at",
+                            _CHUNK, caller_changes_rows=True)
+        return pages, code_filter, code_params
 
     def requeue_failed(self, event_ids: Iterable[int] | None = None, *,
                        error_code: str | None = None) -> int:
         """Move ``failed`` events (all, those in ``event_ids``, and/or those whose
         ``last_error_code`` is ``error_code``) back to ``pending`` with ``attempt_count = 0``,
         dispatchable now. Returns how many moved."""
-        code_filter, code_params = "", ()  # type: tuple[str, tuple[str, ...]]
-        if error_code is not None:
-            error_code = _checks.name("error_code", error_code, MAX_ERROR_CODE_LENGTH)
-            code_filter, code_params = " AND last_error_code = %s", (error_code,)
-        if event_ids is not None:
-            pages: Iterable[list[int]] = _chunks(_checks.event_ids(event_ids))
-        else:
-            pages = self._pages(_BY_STATUS, f"status = '{_FAILED}'{code_filter}", code_params,
-                                "available_at", _CHUNK, caller_changes_rows=True)
+        pages, code_filter, code_params = self._dead_letters(event_ids, error_code)
         now = self._now()
-        update = (f"UPDATE {_BY_PK} SET status = '{_PENDING}', attempt_count = 0,"
-                  " available_at = %s, updated_at = %s"
-                  f" WHERE id IN ({{ids}}) AND status = '{_FAILED}'{code_filter}")
-        return sum(self._execute(update.format(ids=_placeholders(len(ids))),
+        return sum(self._execute(_with_ids(sql.REQUEUE_FAILED + code_filter, ids),
                                  (now, now, *ids, *code_params)).rowcount
                    for ids in pages)
+
+    def delete_failed(self, event_ids: Iterable[int] | None, *,
+                      error_code: str | None = None) -> int:
+        """Delete dead letters an operator decided must never be published: the ``failed``
+        events among ``event_ids`` (``None``: every dead letter), only those whose
+        ``last_error_code`` is ``error_code`` when it is given. Events in any other state are
+        left alone. Deleting an aggregate's dead letter lets its ordered claims go on.
+        Returns how many were deleted."""
+        pages, code_filter, code_params = self._dead_letters(event_ids, error_code)
+        deleted = sum(self._execute(_with_ids(sql.DELETE_FAILED + code_filter, ids),
+                                    (*ids, *code_params)).rowcount
+                      for ids in pages)
+        if deleted:
+            logger.info("deleted %s dead letters", deleted)
+        return deleted
 
     # -- operations ---------------------------------------------------------------------
 
@@ -500,17 +481,11 @@ class OutboxRepository:
         age = _checks.duration("older_than", older_than)
         batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
         cutoff = self._now() - age
-        where = f"status = '{_PUBLISHED}' AND published_at < %s"
         deleted = 0
-        for ids in self._pages(_BY_STATUS, where, (cutoff,), "available_at", batch_size,
-                               caller_changes_rows=True):
-            # Multi-table form: single-table DELETE takes no index hint, and left to itself
-            # MariaDB may scan (status, available_at) and lock its gaps.
-            deleted += self._execute(
-                "DELETE e FROM outbox_event AS e FORCE INDEX (PRIMARY)"
-                f" WHERE e.id IN ({_placeholders(len(ids))})"
-                f" AND e.status = '{_PUBLISHED}' AND e.published_at < %s",
-                (*ids, cutoff)).rowcount
+        for ids in self._pages(sql.BY_STATUS, sql.OLD_PUBLISHED, (cutoff,), "available_at",
+                               batch_size, caller_changes_rows=True):
+            deleted += self._execute(_with_ids(sql.PURGE_PUBLISHED, ids),
+                                     (*ids, cutoff)).rowcount
         if deleted:
             logger.info("purged %s published outbox events", deleted)
         return deleted
@@ -522,19 +497,12 @@ class OutboxRepository:
                                                                       lock_timeout)
         now = self._now()
         counts = {status.value: 0 for status in OutboxStatus}
-        counts.update(self._execute(
-            f"SELECT status, COUNT(*) FROM {_BY_STATUS} GROUP BY status", ()).fetchall())
-        oldest = self._execute(
-            f"SELECT MIN(available_at) FROM {_BY_STATUS}"
-            f" WHERE status = '{_PENDING}' AND available_at <= %s", (now,)).fetchone()[0]
+        counts.update(self._execute(sql.COUNT_BY_STATUS, ()).fetchall())
+        oldest = self._execute(sql.OLDEST_DISPATCHABLE, (now,)).fetchone()[0]
         expired = None
         if timeout is not None:
-            expired = self._execute(
-                f"SELECT COUNT(*) FROM {_BY_LOCKED_AT} WHERE locked_at < %s"
-                f" AND status = '{_PROCESSING}'", (now - timeout,)).fetchone()[0]
-        dead = dict(self._execute(
-            f"SELECT COALESCE(last_error_code, ''), COUNT(*) FROM {_BY_STATUS}"
-            f" WHERE status = '{_FAILED}' GROUP BY last_error_code", ()).fetchall())
+            expired = self._execute(sql.COUNT_EXPIRED, (now - timeout,)).fetchone()[0]
+        dead = dict(self._execute(sql.DEAD_BY_CODE, ()).fetchall())
         return OutboxStats(counts=counts,
                            oldest_pending_age=None if oldest is None else now - oldest,
                            expired_claims=expired, dead_letters_by_code=dead)

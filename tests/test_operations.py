@@ -59,6 +59,33 @@ def test_requeue_by_error_code_only_moves_those(repo, fetch):
     assert repo.requeue_failed([b.id], error_code="bad_payload") == 1
 
 
+def test_delete_failed_deletes_only_the_dead_letters_named(repo, fetch):
+    a = _dead_letter(repo, "http_500", 1)
+    b = _dead_letter(repo, "bad_payload", 2)
+    c = _dead_letter(repo, "bad_payload", 3)
+    pending = new_event(repo, 4)
+    claimed = new_event(repo, 5)
+    assert repo.mark_processing(claimed.id, "w")
+    assert repo.delete_failed([a.id, pending.id, claimed.id, 10 ** 9]) == 1
+    assert repo.delete_failed([b.id, c.id], error_code="http_500") == 0
+    assert {r["id"] for r in fetch("SELECT id FROM outbox_event")} == {
+        b.id, c.id, pending.id, claimed.id}
+    assert repo.delete_failed(None, error_code="bad_payload") == 2
+    assert fetch("SELECT id, status FROM outbox_event ORDER BY id") == [
+        {"id": pending.id, "status": "pending"}, {"id": claimed.id, "status": "processing"}]
+    assert repo.delete_failed(None) == 0
+
+
+def test_delete_failed_of_every_dead_letter_pages_through_them(db, repo, fetch):
+    ids = seed(repo, 1203)
+    with db.atomic():
+        assert len(repo.claim_batch("w", limit=1203)) == 1203
+    for event_id in ids[:1201]:
+        assert repo.mark_failed(event_id, "w", "x", "y", retryable=False)
+    assert repo.delete_failed(None) == 1201
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 2}]
+
+
 def test_purge_deletes_only_old_published_events_in_bounded_batches(db, repo, fetch, clock):
     old = seed(repo, 2500)
     with db.atomic():
@@ -83,6 +110,9 @@ def test_purge_deletes_only_old_published_events_in_bounded_batches(db, repo, fe
     (lambda r: r.purge_published(60, batch_size=0), "batch_size"),
     (lambda r: r.stats(lock_timeout="5m"), "lock_timeout"),
     (lambda r: r.requeue_failed(error_code=""), "error_code"),
+    (lambda r: r.delete_failed(None, error_code=" x"), "error_code"),
+    (lambda r: r.delete_failed("1"), "event_ids"),
+    (lambda r: r.delete_failed([-1]), "event_id"),
     (lambda r: r.find_dispatchable(limit=-3), "limit"),
     (lambda r: r.mark_failed(1, "w", "c", "m", retryable=1), "retryable"),
 ])

@@ -1,0 +1,133 @@
+"""Every statement the repository runs, named, with the locking rule each one follows.
+
+* Rows change by primary key only (``FORCE INDEX (PRIMARY)``), as compare-and-set
+  ``UPDATE … WHERE id … AND status = … [AND locked_by = …]``: a point lookup on the primary key
+  takes a record lock and no gap lock, and the affected-row count decides.
+* Scans that find candidates are plain consistent reads and lock nothing. A locking range scan on
+  ``(status, available_at)`` would take next-key locks past the end of the range, which block
+  writers inserting new events and let two claimers deadlock on each other's gaps.
+* Assignments read a column before any later assignment writes it, so every UPDATE means the
+  same under MySQL's left-to-right rule and MariaDB's SIMULTANEOUS_ASSIGNMENT mode.
+
+Statements that take a list of ids hold ``{ids}``; fill it with :func:`placeholders`.
+"""
+
+from __future__ import annotations
+
+from .models import COLUMNS, OutboxStatus
+
+PENDING = OutboxStatus.PENDING.value
+PROCESSING = OutboxStatus.PROCESSING.value
+PUBLISHED = OutboxStatus.PUBLISHED.value
+FAILED = OutboxStatus.FAILED.value
+
+BY_PK = "outbox_event FORCE INDEX (PRIMARY)"
+BY_STATUS = "outbox_event FORCE INDEX (ix_outbox_event_status_available_at)"
+BY_LOCKED_AT = "outbox_event FORCE INDEX (ix_outbox_event_locked_at)"
+SELECT = "SELECT " + ", ".join(f"`{c}`" for c in COLUMNS) + " FROM "
+
+
+def placeholders(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
+# -- writing ----------------------------------------------------------------------------
+
+INSERT = (
+    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
+    " status, attempt_count, available_at, created_at, updated_at)"
+    f" VALUES (%s, %s, %s, %s, %s, '{PENDING}', 0, %s, %s, %s)"
+)
+
+# -- claiming ---------------------------------------------------------------------------
+
+DISPATCHABLE = f"status = '{PENDING}' AND available_at <= %s"
+FIND_DISPATCHABLE = f"{SELECT}{BY_STATUS} WHERE {DISPATCHABLE} ORDER BY available_at, id LIMIT %s"
+#: The candidates' source: the outer columns stay unqualified, the head test names ``e``.
+CANDIDATES = "outbox_event AS e FORCE INDEX (ix_outbox_event_status_available_at)"
+#: The head of its aggregate: the event is its aggregate's oldest unpublished (pending,
+#: processing or failed) event. The aggregate index is (aggregate_type, aggregate_id,
+#: published_at) since migration 002; ``published_at`` is NULL exactly while an event is
+#: unpublished, and NULLs sort first, so this reads one index entry per candidate.
+HEAD = (
+    "e.id = (SELECT o.id FROM outbox_event AS o FORCE INDEX (ix_outbox_event_aggregate)"
+    " WHERE o.aggregate_type = e.aggregate_type AND o.aggregate_id = e.aggregate_id"
+    " AND o.published_at IS NULL ORDER BY o.id LIMIT 1)"
+)
+LOCK_CANDIDATES = (
+    f"{SELECT}{BY_PK} WHERE id IN ({{ids}}) AND {DISPATCHABLE} LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+CLAIM_SET = (
+    f"SET status = '{PROCESSING}', locked_by = %s, locked_at = %s,"
+    " attempt_count = attempt_count + 1, updated_at = %s"
+)
+CLAIM = f"UPDATE {BY_PK} {CLAIM_SET} WHERE id IN ({{ids}})"
+MARK_PROCESSING = f"UPDATE {BY_PK} {CLAIM_SET} WHERE id = %s AND {DISPATCHABLE}"
+
+# -- outcomes (each fenced: the event is processing and held by the caller) ----------------
+
+HELD = f"status = '{PROCESSING}' AND locked_by = %s"
+_PUBLISH_SET = (
+    f"SET status = '{PUBLISHED}', published_at = %s,"
+    " locked_by = NULL, locked_at = NULL, updated_at = %s"
+)
+MARK_PUBLISHED = f"UPDATE {BY_PK} {_PUBLISH_SET} WHERE id = %s AND {HELD}"
+MARK_PUBLISHED_MANY = f"UPDATE {BY_PK} {_PUBLISH_SET} WHERE id IN ({{ids}}) AND {HELD}"
+FAILED_FOR_GOOD = (
+    f"UPDATE {BY_PK} SET status = '{FAILED}', last_error_code = %s,"
+    " last_error_message = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
+    f" WHERE id = %s AND {HELD}"
+)
+
+
+def retry_or_fail(steps: int) -> str:
+    """Back to pending at the instant precomputed for its attempt_count (``steps`` of them,
+    then an ELSE), or failed once attempts are used up."""
+    whens = " ".join(f"WHEN {n} THEN %s" for n in range(1, steps + 1))
+    return (
+        f"UPDATE {BY_PK} SET available_at = IF(attempt_count < %s,"
+        f" CASE attempt_count {whens} ELSE %s END, available_at),"
+        f" status = IF(attempt_count < %s, '{PENDING}', '{FAILED}'),"
+        " last_error_code = %s, last_error_message = %s,"
+        " locked_by = NULL, locked_at = NULL, updated_at = %s"
+        f" WHERE id = %s AND {HELD}"
+    )
+
+
+EXTEND_LOCKS = f"UPDATE {BY_PK} SET locked_at = %s, updated_at = %s WHERE id IN ({{ids}}) AND {HELD}"
+#: After EXTEND_LOCKS: the rows it matched but could not change (locked_at was already now).
+RENEWED = f"SELECT COUNT(*) FROM {BY_PK} WHERE id IN ({{ids}}) AND {HELD} AND locked_at = %s"
+
+# -- recovery and operations ----------------------------------------------------------------
+
+EXPIRED = f"locked_at < %s AND status = '{PROCESSING}'"
+RELEASE_EXPIRED = (
+    f"UPDATE {BY_PK} SET last_error_message = CONCAT('claim by ', locked_by,"
+    " ' taken at ', locked_at, ' UTC expired'),"
+    f" status = IF(attempt_count >= %s, '{FAILED}', '{PENDING}'),"
+    " last_error_code = 'lock_expired', locked_by = NULL, locked_at = NULL,"
+    f" updated_at = %s WHERE id IN ({{ids}}) AND {EXPIRED}"
+)
+DEAD = f"status = '{FAILED}'"
+WITH_CODE = " AND last_error_code = %s"
+REQUEUE_FAILED = (
+    f"UPDATE {BY_PK} SET status = '{PENDING}', attempt_count = 0,"
+    " available_at = %s, updated_at = %s WHERE id IN ({ids}) AND " + DEAD
+)
+# Multi-table form: single-table DELETE takes no index hint, and left to itself MariaDB may
+# scan a secondary index and lock its gaps.
+DELETE_FAILED = "DELETE e FROM outbox_event AS e FORCE INDEX (PRIMARY) WHERE e.id IN ({ids}) AND e." + DEAD
+OLD_PUBLISHED = f"status = '{PUBLISHED}' AND published_at < %s"
+PURGE_PUBLISHED = (
+    "DELETE e FROM outbox_event AS e FORCE INDEX (PRIMARY)"
+    f" WHERE e.id IN ({{ids}}) AND e.status = '{PUBLISHED}' AND e.published_at < %s"
+)
+KEY_OF = "SELECT {key} FROM outbox_event WHERE id = %s"
+
+COUNT_BY_STATUS = f"SELECT status, COUNT(*) FROM {BY_STATUS} GROUP BY status"
+OLDEST_DISPATCHABLE = f"SELECT MIN(available_at) FROM {BY_STATUS} WHERE {DISPATCHABLE}"
+COUNT_EXPIRED = f"SELECT COUNT(*) FROM {BY_LOCKED_AT} WHERE {EXPIRED}"
+DEAD_BY_CODE = (
+    f"SELECT COALESCE(last_error_code, ''), COUNT(*) FROM {BY_STATUS}"
+    f" WHERE {DEAD} GROUP BY last_error_code"
+)
