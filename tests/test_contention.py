@@ -79,18 +79,65 @@ class _ForgetsRetries(OutboxRepository):
                                    retryable=False)
 
 
+class _IgnoresOrder(OutboxRepository):
+    """Broken on purpose: an "ordered" claim that ignores the head rule."""
+
+    def claim_batch(self, locked_by, limit=100, *, ordered=False):
+        return super().claim_batch(locked_by, limit)
+
+
+class _LyingRenewal(OutboxRepository):
+    """Broken on purpose: extend_locks reports every claim renewed and renews none."""
+
+    def extend_locks(self, event_ids, locked_by):
+        return len(set(event_ids))
+
+
+class _UnfencedRenewal(OutboxRepository):
+    """Broken on purpose: extend_locks renews claims whoever holds them."""
+
+    def extend_locks(self, event_ids, locked_by):
+        ids = sorted(set(event_ids))
+        now = self._now()
+        return self.database.execute_sql(
+            f"UPDATE outbox_event SET locked_at = %s WHERE id IN ({', '.join(['%s'] * len(ids))})"
+            " AND status = 'processing'", (now, *ids)).rowcount if ids else 0
+
+
 @pytest.mark.parametrize("broken,scenario,words", [
     (_NoFencing, "fencing", "stale calls were accepted"),
     (_NoFencingMany, "fencing", "stale calls were accepted"),
+    (_UnfencedRenewal, "fencing", "stale calls were accepted"),
     (_ForgetsRetries, "retry", "statuses"),
+    (_LyingRenewal, "lease", "renewed claims were taken over"),
 ])
 def test_a_broken_repository_breaks_the_invariants(suite_url, broken, scenario, words):
-    suite = ContentionSuite(suite_url, workers=4, events=100, batch_size=10,
+    suite = ContentionSuite(suite_url, workers=4, events=200, batch_size=10,
                             repository_factory=broken)
     [result] = suite.run([scenario])
     assert not result.ok
     assert any(words in v for v in result.violations), result.violations
     assert "BROKEN" in format_table([result])
+
+
+@pytest.mark.parametrize("newest_first", [False, True])
+def test_a_claim_that_breaks_aggregate_order_breaks_the_ordered_scenario(
+        suite_url, monkeypatch, newest_first):
+    if newest_first:  # one event per aggregate, but its newest unpublished one
+        from outbox_lite import _sql
+        monkeypatch.setattr(_sql, "HEAD", _sql.HEAD.replace("ORDER BY o.id", "ORDER BY o.id DESC"))
+        broken, expected = OutboxRepository, [
+            "reached the sink before an older one of their aggregate",
+            "behind a dead letter were claimed"]
+    else:  # a batch of 50 over 20 interleaved aggregates holds some of them twice
+        broken, expected = _IgnoresOrder, [
+            "claims found their aggregate already in flight",
+            "behind a dead letter were claimed"]
+    suite = ContentionSuite(suite_url, workers=4, events=200, batch_size=50,
+                            repository_factory=broken)
+    [result] = suite.run(["ordered"])
+    for words in expected:
+        assert any(words in v for v in result.violations), result.violations
 
 
 def test_cli_prints_json_and_exits_zero(capsys):
