@@ -10,7 +10,11 @@ baseline (same SQL work, no ORM), and the median of the rounds' ratios library/r
 * write: a business INSERT plus create_in_transaction in one transaction vs raw INSERTs,
   the two (and, for reference, the same transaction through Peewee alone) taking turns in
   blocks of 50 transactions;
-* latency: claim_batch latency with 200,000 published rows in the table vs an empty one.
+* latency: claim_batch latency with 200,000 published rows in the table vs an empty one;
+* ordered: claim_batch(ordered=True) + batch publish against the unordered claim on the same
+  events (400 aggregates x 10), 4 processes, and the worst case (one hot aggregate);
+* ordered-latency: claim_batch(ordered=True) latency against the unordered claim's, each on a
+  table of 200,000 published and 10,000 pending events over 2,000 aggregates.
 
 Usage: python scripts/bench.py [--database-url URL] [--rounds 9] [--json]
 """
@@ -23,6 +27,7 @@ import json
 import multiprocessing
 import os
 import queue
+import random
 import statistics
 import sys
 import threading
@@ -159,9 +164,9 @@ class Library:
                                             aggregate_id=str(cursor.lastrowid),
                                             payload={**PAYLOAD, "job_id": n})
 
-    def claim(self, worker: str, limit: int) -> list[Any]:
+    def claim(self, worker: str, limit: int, ordered: bool = False) -> list[Any]:
         with self.db.atomic():
-            return self.repo.claim_batch(worker, limit=limit)
+            return self.repo.claim_batch(worker, limit=limit, ordered=ordered)
 
     def publish(self, event_id: int, worker: str) -> bool:
         return self.repo.mark_published(event_id, worker)
@@ -171,6 +176,13 @@ class Library:
 
     def close(self) -> None:
         self.db.close()
+
+
+class Ordered(Library):
+    """The library claiming only the heads of aggregates (claim_batch(ordered=True))."""
+
+    def claim(self, worker: str, limit: int, ordered: bool = True) -> list[Any]:
+        return super().claim(worker, limit, ordered=True)
 
 
 class PeeweeOnly(Library):
@@ -232,25 +244,36 @@ class Bench:
         self.sql("TRUNCATE TABLE outbox_event")
         self.sql("TRUNCATE TABLE job")
 
-    def seed(self, count: int, status: str = "pending") -> None:
+    def seed(self, count: int, status: str = "pending", aggregates: int | None = None,
+             shuffle: bool = False) -> None:
+        """Insert ``count`` events; with ``aggregates``, event n belongs to aggregate
+        n % aggregates, and ``shuffle`` interleaves the aggregates at random (as concurrent
+        traffic writes them) instead of round-robin."""
         now = utcnow() - dt.timedelta(seconds=1)
         body = json.dumps(PAYLOAD, separators=(",", ":"))
+        order = list(range(count))
+        if shuffle:
+            random.Random(count).shuffle(order)
         with self.admin.conn.cursor() as cur:
             for start in range(0, count, 2000):
-                rows = [("job.created", "ai_job", str(n), uuid.uuid4().hex, body, status, now,
+                rows = [("job.created", "ai_job", str(n % aggregates if aggregates else n),
+                         uuid.uuid4().hex, body, status, now,
                          now if status == "published" else None, now, now)
-                        for n in range(start, min(count, start + 2000))]
+                        for n in order[start:start + 2000]]
                 cur.executemany(
                     "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
                     " dedupe_key, payload, status, available_at, published_at, created_at,"
                     " updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
 
-    def claim_throughput(self, impl: type, many: bool = False) -> float:
+    def claim_throughput(self, impl: type, many: bool = False, events: int | None = None,
+                         aggregates: int | None = None) -> float:
         """Events claimed and published per second by ``workers`` workers, each a process
         (or a thread with ``--threads``) with a connection of its own; ``many`` publishes
-        each claimed batch in one statement."""
+        each claimed batch in one statement. ``events`` and ``aggregates`` shape the seed
+        (default: ``self.events``, one aggregate each)."""
+        events = events or self.events
         self.reset()
-        self.seed(self.events)
+        self.seed(events, aggregates=aggregates, shuffle=aggregates is not None)
         kind: Any = threading if self.threads else multiprocessing.get_context("fork")
         barrier = kind.Barrier(self.workers + 1)
         errors = queue.Queue() if self.threads else kind.Queue()
@@ -271,9 +294,9 @@ class Bench:
         with self.admin.conn.cursor() as cur:
             cur.execute("SELECT COUNT(*) FROM outbox_event WHERE status = 'published'")
             published = cur.fetchone()[0]  # type: ignore[index]
-        if published != self.events:
-            raise AssertionError(f"{impl.__name__} published {published} of {self.events}")
-        return self.events / elapsed
+        if published != events:
+            raise AssertionError(f"{impl.__name__} published {published} of {events}")
+        return events / elapsed
 
     def write_throughput(self, block: int = 50) -> dict[type, float]:
         """Business row + event transactions per second for the library, the raw baseline
@@ -329,6 +352,40 @@ class Bench:
         return statistics.median(timings["loaded"]), statistics.median(timings["empty"])
 
 
+def ordered_claim_latency(urls: tuple[DatabaseUrl, DatabaseUrl], rounds: int, batch: int,
+                          published: int, pending: int, aggregates: int,
+                          samples: int = 40) -> tuple[float, float]:
+    """Median milliseconds of claim_batch(ordered=True) and of the unordered claim, each on
+    its own table of ``published`` published and ``pending`` pending events over
+    ``aggregates`` aggregates (the published ones being the aggregates' history). Claims
+    alternate one by one; each claimed batch is then published (untimed), as a worker would,
+    so the ordered claim meets new heads and aggregates in flight as in a steady state."""
+    benches = [Bench(url, events=0, writes=0, loaded_rows=0, batch=batch, workers=1)
+               for url in urls]
+    for bench in benches:
+        bench.reset()
+        bench.seed(published, status="published", aggregates=aggregates)
+    clients = [Ordered(urls[0]), Library(urls[1])]
+    timings: list[list[float]] = [[], []]
+    for _ in range(rounds):
+        for bench in benches:
+            bench.sql("DELETE FROM outbox_event WHERE status <> 'published'")
+            bench.seed(pending, aggregates=aggregates, shuffle=True)
+            bench.sql("ANALYZE TABLE outbox_event")
+        for _ in range(samples):
+            for side, client in enumerate(clients):
+                started = time.perf_counter()
+                claimed = client.claim("latency", batch)
+                timings[side].append((time.perf_counter() - started) * 1000)
+                assert len(claimed) == batch
+                client.publish_many([e.id for e in claimed], "latency")
+    for client in clients:
+        client.close()
+    for bench in benches:
+        bench.admin.close()
+    return statistics.median(timings[0]), statistics.median(timings[1])
+
+
 def _median_pair(rounds: int, first: Callable[[], float], second: Callable[[], float],
                  ) -> tuple[float, float, float]:
     """Alternate A B B A … so drift on a noisy machine hits both sides alike; return the
@@ -341,6 +398,9 @@ def _median_pair(rounds: int, first: Callable[[], float], second: Callable[[], f
             (a if fn is first else b).append(fn())
     return (statistics.median(a), statistics.median(b),
             statistics.median(x / y for x, y in zip(a, b)))
+
+
+MEASURES = ("claim", "claim-many", "write", "latency", "ordered", "ordered-latency")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,9 +421,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", action="store_true",
                         help="run the claim workers as threads of this process instead; with "
                              "the GIL, the client's Python then weighs far more than the SQL")
-    parser.add_argument("--only", choices=("claim", "claim-many", "write", "latency"),
-                        action="append",
-                        help="run only this measure (repeatable; default: all four)")
+    parser.add_argument("--only", choices=MEASURES, action="append",
+                        help="run only this measure (repeatable; default: all)")
+    parser.add_argument("--aggregates", type=int, default=400,
+                        help="aggregates of 10 events for the ordered measure (default 400)")
+    parser.add_argument("--hot-events", type=int, default=1000,
+                        help="events of the one hot aggregate, ordered worst case (default 1000)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--claim-window", type=int, default=CLAIM_WINDOW,
                         help=f"claim_window for both sides (default: the library's, "
@@ -386,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(url, events=args.events, writes=args.writes,
                       loaded_rows=args.loaded_rows, batch=args.batch, workers=args.workers,
                       window=args.claim_window, threads=args.threads)
-        only = set(args.only or ("claim", "claim-many", "write", "latency"))
+        only = set(args.only or MEASURES)
         rows: list[tuple[str, float, float, float, str, bool | None]] = []
         if "claim" in only:
             lib, raw, ratio = _median_pair(args.rounds,
@@ -416,6 +479,28 @@ def main(argv: list[str] | None = None) -> int:
             loaded, empty = bench.claim_latency(loaded_url, args.rounds)
             rows.append((f"claim latency ms, {args.loaded_rows} published vs empty", loaded,
                          empty, loaded / empty, "<= 1.20", loaded / empty <= 1.20))
+        if "ordered" in only:
+            events = args.aggregates * 10
+            lib, raw, ratio = _median_pair(
+                args.rounds,
+                lambda: bench.claim_throughput(Ordered, many=True, events=events,
+                                               aggregates=args.aggregates),
+                lambda: bench.claim_throughput(Library, many=True, events=events,
+                                               aggregates=args.aggregates))
+            rows.append((f"ordered / unordered claim+batch publish, {args.aggregates}x10",
+                         lib, raw, ratio, ">= 0.60", ratio >= 0.60))
+            hot = statistics.median(
+                bench.claim_throughput(Ordered, many=True, events=args.hot_events,
+                                       aggregates=1) for _ in range(3))
+            rows.append((f"  worst case: one aggregate of {args.hot_events} events", hot, raw,
+                         hot / raw, "reference", None))
+        if "ordered-latency" in only:
+            ordered, unordered = ordered_claim_latency(
+                (url, loaded_url), args.rounds, args.batch, published=args.loaded_rows,
+                pending=10_000, aggregates=2_000)
+            rows.append((f"ordered / unordered claim ms, {args.loaded_rows} published",
+                         ordered, unordered, ordered / unordered, "<= 1.50",
+                         ordered / unordered <= 1.50))
         bench.admin.close()
     finally:
         url.drop_database()
