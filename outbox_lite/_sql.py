@@ -124,6 +124,13 @@ PURGE_PUBLISHED = (
 )
 KEY_OF = "SELECT {key} FROM outbox_event WHERE id = %s"
 
+#: Pending events behind a dead letter of their aggregate: ordered claims leave them alone.
+HELD_BACK = (
+    f"SELECT COUNT(*) FROM {CANDIDATES} WHERE e.status = '{PENDING}' AND EXISTS"
+    " (SELECT 1 FROM outbox_event AS f FORCE INDEX (ix_outbox_event_aggregate)"
+    " WHERE f.aggregate_type = e.aggregate_type AND f.aggregate_id = e.aggregate_id"
+    f" AND f.published_at IS NULL AND f.status = '{FAILED}' AND f.id < e.id)"
+)
 COUNT_BY_STATUS = f"SELECT status, COUNT(*) FROM {BY_STATUS} GROUP BY status"
 OLDEST_DISPATCHABLE = f"SELECT MIN(available_at) FROM {BY_STATUS} WHERE {DISPATCHABLE}"
 COUNT_EXPIRED = f"SELECT COUNT(*) FROM {BY_LOCKED_AT} WHERE {EXPIRED}"

@@ -59,13 +59,16 @@ class OutboxStats:
     oldest_pending_age: dt.timedelta | None
     expired_claims: int | None
     dead_letters_by_code: dict[str, int]
+    #: Pending events behind a dead letter of their aggregate (ordered claims skip them).
+    held_back: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         age = self.oldest_pending_age
         return {"counts": self.counts,
                 "oldest_pending_age_seconds": None if age is None else age.total_seconds(),
                 "expired_claims": self.expired_claims,
-                "dead_letters_by_code": self.dead_letters_by_code}
+                "dead_letters_by_code": self.dead_letters_by_code,
+                "held_back": self.held_back}
 
 
 def _chunks(ids: list[int]) -> Iterator[list[int]]:
@@ -492,7 +495,8 @@ class OutboxRepository:
 
     def stats(self, lock_timeout: dt.timedelta | float | None = None) -> OutboxStats:
         """Counts per status, the oldest dispatchable event's wait, claims older than
-        ``lock_timeout`` (None when not given) and dead letters per ``last_error_code``."""
+        ``lock_timeout`` (None when not given), dead letters per ``last_error_code`` and how
+        many pending events wait behind a dead letter of their aggregate."""
         timeout = None if lock_timeout is None else _checks.duration("lock_timeout",
                                                                       lock_timeout)
         now = self._now()
@@ -503,6 +507,8 @@ class OutboxRepository:
         if timeout is not None:
             expired = self._execute(sql.COUNT_EXPIRED, (now - timeout,)).fetchone()[0]
         dead = dict(self._execute(sql.DEAD_BY_CODE, ()).fetchall())
+        held_back = self._execute(sql.HELD_BACK, ()).fetchone()[0] if dead else 0
         return OutboxStats(counts=counts,
                            oldest_pending_age=None if oldest is None else now - oldest,
-                           expired_claims=expired, dead_letters_by_code=dead)
+                           expired_claims=expired, dead_letters_by_code=dead,
+                           held_back=held_back)

@@ -1,0 +1,466 @@
+"""The relay: the worker loop that moves claimed events from the outbox to a publisher.
+
+One round: release expired claims (at most every ``release_every`` seconds), claim a batch in a
+short transaction of its own, publish it outside any transaction while a heartbeat renews the
+claims (``extend_locks``) if the publish runs long, then record the outcomes: one
+``mark_published_many`` for the successes and a ``mark_failed`` for each failure. Nothing
+claimed: wait, with a pause that doubles from ``idle_pause`` up to ``max_idle_pause``.
+
+Lock conflicts and lost connections never end :meth:`Relay.run`: the round is retried, after
+a reconnect with a bounded backoff when the connection broke (also for a database made with
+``autoconnect=False`` and for a pooled one). Stopping finishes the batch in hand and records
+its outcomes first. The relay imports no broker client: a publisher is any object with
+``publish(events)`` and ``close()`` (:class:`Publisher`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Mapping, Protocol, Sequence
+
+import peewee as pw
+
+from . import _checks
+from .errors import ConnectionLostError, InvalidEventError, LockConflictError, driver_errno
+from .models import MAX_ERROR_CODE_LENGTH, OutboxEvent
+from .payload import redact
+from .repository import OutboxRepository
+
+logger = logging.getLogger(__name__)
+
+#: MySQL/MariaDB error numbers that mean the connection (or the server) went away.
+_CONNECTION_ERRNOS = frozenset({
+    0,  # PyMySQL/Peewee on a socket that is already closed: InterfaceError(0, '')
+    1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055,
+})
+
+
+class Publisher(Protocol):
+    """What the relay hands claimed events to (e.g. :class:`~outbox_lite.publishers.bullmq.
+    BullMQPublisher`).
+
+    ``publish`` returns the failures by event id (empty: every event was published); raising
+    means the whole batch failed. A failure whose exception has ``retryable = False`` becomes
+    a dead letter at once; others retry with the repository's backoff. The stored error code
+    is the exception's ``error_code`` attribute, else its class name. ``close`` releases the
+    client.
+    """
+
+    def publish(self, events: Sequence[OutboxEvent]) -> Mapping[int, BaseException]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RoundResult:
+    """What one round did (see :meth:`Relay.run_once`)."""
+
+    claimed: int = 0
+    published: int = 0
+    retried: int = 0  # failed, back to pending with a backoff
+    dead: int = 0  # failed for good: dead letters
+    lost: int = 0  # claims that expired and were taken over before the outcome was recorded
+    released: int = 0  # expired claims (of any worker) this round released
+
+
+@dataclass
+class RelayStats:
+    """Totals since the relay was made, and where its time went (seconds)."""
+
+    rounds: int = 0
+    claimed: int = 0
+    published: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0
+    released: int = 0
+    lock_conflicts: int = 0
+    reconnects: int = 0
+    renewals: int = 0
+    claim_seconds: float = 0.0
+    publish_seconds: float = 0.0
+    record_seconds: float = 0.0
+    idle_seconds: float = 0.0
+    started: float = field(default_factory=time.monotonic, repr=False)
+
+    def add(self, result: RoundResult) -> None:
+        for f in fields(result):
+            setattr(self, f.name, getattr(self, f.name) + getattr(result, f.name))
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "started"}
+
+
+def default_worker_id() -> str:
+    """host:pid:random, unique per relay."""
+    return f"{socket.gethostname()[:200]}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when ``exc`` means the connection to the server broke (reconnecting may help)."""
+    if isinstance(exc, ConnectionLostError):
+        return True
+    if isinstance(exc, (pw.OperationalError, pw.InterfaceError)):
+        return driver_errno(exc) in _CONNECTION_ERRNOS or driver_errno(exc) is None
+    return False
+
+
+def reconnect(database: pw.Database) -> None:
+    """Drop this thread's connection, broken or not, and open a new one.
+
+    Works for ``autoconnect=False`` (which never reconnects by itself) and for pooled
+    databases (the broken connection is discarded, not returned to the pool). Raises the
+    driver's error while the server is unreachable.
+    """
+    if database.in_transaction():
+        return  # the caller's atomic() must end first; it sees the failure itself
+    try:
+        if hasattr(database, "manual_close"):  # playhouse.pool: do not pool a dead connection
+            database.manual_close()
+        else:
+            database.close()
+    except Exception:  # noqa: BLE001 - closing a dead connection may complain
+        logger.debug("closing a broken connection failed", exc_info=True)
+        try:
+            database.close()  # Peewee resets its state even when the driver complains
+        except Exception:  # noqa: BLE001
+            pass
+    database.connect(reuse_if_open=True)
+
+
+def _error_code(exc: BaseException) -> str:
+    code = getattr(exc, "error_code", None)
+    if isinstance(code, str):
+        code = code.strip()[:MAX_ERROR_CODE_LENGTH]
+        if code and code.isprintable():
+            return code
+    return type(exc).__name__[:MAX_ERROR_CODE_LENGTH]
+
+
+def _error_message(exc: BaseException) -> str:
+    return redact(str(exc) or type(exc).__name__)
+
+
+class Relay:
+    """Runs the documented worker loop over ``repository`` for ``publisher``.
+
+    Options: ``worker_id`` (the ``locked_by`` of every claim; default host:pid:random),
+    ``batch_size`` events per claim, ``lock_timeout`` seconds after which claims count as
+    expired, ``ordered`` to claim only heads of aggregates (:meth:`OutboxRepository.
+    claim_batch`), ``heartbeat`` seconds between renewals of a batch whose publish runs long
+    (default: a third of ``lock_timeout``), ``release_every`` seconds between releases of
+    expired claims (default: a quarter of ``lock_timeout``, at most 30), ``idle_pause`` and
+    ``max_idle_pause`` the first and the longest wait when nothing was claimed,
+    ``reconnect_pause`` and ``max_reconnect_pause`` the same after a lost connection,
+    ``progress_every`` seconds between progress lines (logged at INFO; 0 for none).
+    """
+
+    def __init__(
+        self,
+        repository: OutboxRepository,
+        publisher: Publisher,
+        *,
+        worker_id: str | None = None,
+        batch_size: int = 100,
+        lock_timeout: float = 300.0,
+        ordered: bool = False,
+        heartbeat: float | None = None,
+        release_every: float | None = None,
+        idle_pause: float = 0.01,
+        max_idle_pause: float = 0.5,
+        reconnect_pause: float = 0.1,
+        max_reconnect_pause: float = 5.0,
+        progress_every: float = 10.0,
+    ) -> None:
+        if not isinstance(repository, OutboxRepository):
+            raise TypeError("repository must be an OutboxRepository")
+        if not callable(getattr(publisher, "publish", None)) or not callable(
+                getattr(publisher, "close", None)):
+            raise TypeError("publisher must have publish(events) and close() (see Publisher)")
+        self.repository = repository
+        self.publisher = publisher
+        self.worker_id = _checks.name("worker_id", worker_id or default_worker_id())
+        self.batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
+        self.lock_timeout = _checks.duration("lock_timeout", lock_timeout).total_seconds()
+        self.ordered = _checks.flag("ordered", ordered)
+        self.heartbeat = _seconds("heartbeat", heartbeat, self.lock_timeout / 3)
+        if self.heartbeat >= self.lock_timeout:
+            raise InvalidEventError(
+                f"heartbeat ({self.heartbeat:g} s) must be shorter than lock_timeout "
+                f"({self.lock_timeout:g} s), or claims expire between renewals")
+        self.release_every = _seconds("release_every", release_every,
+                                      min(30.0, self.lock_timeout / 4))
+        self.idle_pause = _seconds("idle_pause", idle_pause)
+        self.max_idle_pause = max(self.idle_pause, _seconds("max_idle_pause", max_idle_pause))
+        self.reconnect_pause = _seconds("reconnect_pause", reconnect_pause)
+        self.max_reconnect_pause = max(self.reconnect_pause,
+                                       _seconds("max_reconnect_pause", max_reconnect_pause))
+        self.progress_every = _seconds("progress_every", progress_every, allow_zero=True)
+        self.stats = RelayStats()
+        self._database = repository.database
+        self._heartbeat = _Heartbeat(repository, self.worker_id, self.heartbeat, self.stats)
+        self._next_release = 0.0
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None, *, until_empty: bool = False) -> None:
+        """Run rounds until ``stop`` is set (or, with ``until_empty``, until no event is
+        pending or processing but those held back behind a dead letter of their aggregate,
+        when claiming ordered). Lock conflicts and lost connections are survived; the batch in
+        hand is recorded before it returns."""
+        stop = stop or threading.Event()
+        pause = 0.0
+        reconnect_pause = self.reconnect_pause
+        next_progress = time.monotonic() + self.progress_every
+        try:
+            while not stop.is_set():
+                try:
+                    result = self.run_once()
+                    if result.claimed:
+                        pause = 0.0
+                    elif until_empty and self._empty():
+                        return
+                    else:
+                        pause = min(self.max_idle_pause, pause * 2 or self.idle_pause)
+                        started = time.monotonic()
+                        stop.wait(pause)
+                        self.stats.idle_seconds += time.monotonic() - started
+                    reconnect_pause = self.reconnect_pause
+                except LockConflictError:
+                    self.stats.lock_conflicts += 1  # the server rolled back: claim again
+                except (ConnectionLostError, pw.OperationalError, pw.InterfaceError) as exc:
+                    if not is_connection_error(exc):
+                        raise
+                    logger.warning("relay %s lost the database connection (%s); reconnecting"
+                                   " in %.1f s", self.worker_id, redact(str(exc)),
+                                   reconnect_pause)
+                    stop.wait(reconnect_pause)
+                    reconnect_pause = min(self.max_reconnect_pause, reconnect_pause * 2)
+                    self._reconnect()
+                if self.progress_every and time.monotonic() >= next_progress:
+                    self.log_progress()
+                    next_progress = time.monotonic() + self.progress_every
+        finally:
+            self.close()
+            if self.progress_every:
+                self.log_progress()
+
+    def run_once(self) -> RoundResult:
+        """One round: release (when due), claim, publish, record. Returns its counts.
+
+        Raises LockConflictError or a connection error from the claim, before anything was
+        claimed; once a batch is claimed, its outcomes are recorded (retrying over lost
+        connections) before this returns.
+        """
+        result = RoundResult()
+        if time.monotonic() >= self._next_release:
+            result.released = self.repository.release_expired_locks(self.lock_timeout)
+            self._next_release = time.monotonic() + self.release_every
+        started = time.monotonic()
+        with self._database.atomic():
+            batch = self.repository.claim_batch(self.worker_id, limit=self.batch_size,
+                                                ordered=self.ordered)
+        published = time.monotonic()
+        self.stats.claim_seconds += published - started
+        result.claimed = len(batch)
+        if batch:
+            failures = self._publish(batch)
+            recorded = time.monotonic()
+            self.stats.publish_seconds += recorded - published
+            self._record(batch, failures, result, give_up_at=started + self.lock_timeout)
+            self.stats.record_seconds += time.monotonic() - recorded
+        self.stats.rounds += 1
+        self.stats.add(result)
+        return result
+
+    def close(self) -> None:
+        """Stop the heartbeat thread. The publisher and the database stay the caller's."""
+        self._heartbeat.stop()
+
+    def log_progress(self) -> None:
+        """Log one line of progress (never a payload or a credential)."""
+        s = self.stats
+        elapsed = max(time.monotonic() - s.started, 1e-9)
+        logger.info("relay %s: %d published, %d retried, %d dead, %d lost, %d released"
+                    " (%.0f events/s)", self.worker_id, s.published, s.retried, s.dead, s.lost,
+                    s.released, s.published / elapsed)
+
+    # -- one batch --------------------------------------------------------------------------
+
+    def _publish(self, batch: list[OutboxEvent]) -> dict[int, BaseException]:
+        """The publisher's failures by event id; a raising publish fails the whole batch."""
+        self._heartbeat.hold([e.id for e in batch])
+        try:
+            failures = dict(self.publisher.publish(batch))
+        except Exception as exc:  # noqa: BLE001 - the whole batch failed: recorded as such
+            logger.warning("relay %s: publishing %d events failed: %s", self.worker_id,
+                           len(batch), redact(str(exc) or type(exc).__name__))
+            return {event.id: exc for event in batch}
+        finally:
+            self._heartbeat.release()
+        ids = {event.id for event in batch}
+        unknown = failures.keys() - ids
+        if unknown:
+            logger.warning("relay %s: the publisher reported %d failures for events not in"
+                           " the batch; ignored", self.worker_id, len(unknown))
+        return {event_id: exc for event_id, exc in failures.items() if event_id in ids}
+
+    def _record(self, batch: list[OutboxEvent], failures: dict[int, BaseException],
+                result: RoundResult, give_up_at: float) -> None:
+        """Record every outcome; a lost connection is retried until it is back or the claims
+        have expired (``give_up_at``, monotonic): then other relays publish them again, and
+        the fencing refuses whatever this one could still record."""
+        ok = [e.id for e in batch if e.id not in failures]
+        failed = [e for e in batch if e.id in failures]
+        pause = self.reconnect_pause
+        while True:
+            try:
+                if ok:
+                    recorded = self.repository.mark_published_many(ok, self.worker_id)
+                    result.published += recorded
+                    result.lost += len(ok) - recorded
+                    ok = []
+                while failed:
+                    event = failed[0]
+                    exc = failures[event.id]
+                    retry = getattr(exc, "retryable", True) is not False
+                    if self.repository.mark_failed(event.id, self.worker_id, _error_code(exc),
+                                                   _error_message(exc), retryable=retry):
+                        if retry and event.attempt_count < self.repository.max_attempts:
+                            result.retried += 1
+                        else:
+                            result.dead += 1
+                    else:
+                        result.lost += 1
+                    failed.pop(0)
+                break
+            except LockConflictError:
+                self.stats.lock_conflicts += 1
+            except (ConnectionLostError, pw.OperationalError, pw.InterfaceError) as exc:
+                if not is_connection_error(exc):
+                    raise
+                if time.monotonic() + pause > give_up_at:
+                    unrecorded = len(ok) + len(failed)
+                    logger.error("relay %s: gave up recording %d outcomes: the claims have"
+                                 " expired and will be published again", self.worker_id,
+                                 unrecorded)
+                    result.lost += unrecorded
+                    break
+                logger.warning("relay %s: recording outcomes lost the connection (%s);"
+                               " retrying in %.1f s", self.worker_id, redact(str(exc)), pause)
+                time.sleep(pause)
+                pause = min(self.max_reconnect_pause, pause * 2)
+                self._reconnect()
+        if result.lost:
+            logger.warning("relay %s: %d claims had expired and were taken over before their"
+                           " outcome was recorded", self.worker_id, result.lost)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _empty(self) -> bool:
+        stats = self.repository.stats()
+        left = stats.counts["pending"] + stats.counts["processing"]
+        return left == (stats.held_back if self.ordered else 0)
+
+    def _reconnect(self) -> None:
+        self._reconnect_quietly()
+        self.stats.reconnects += 1
+
+    def _reconnect_quietly(self) -> None:
+        try:
+            reconnect(self._database)
+        except (pw.OperationalError, pw.InterfaceError) as exc:
+            logger.debug("reconnect failed: %s", redact(str(exc)))
+
+
+def _seconds(name: str, value: float | None, default: float | None = None, *,
+             allow_zero: bool = False) -> float:
+    if value is None and default is not None:
+        return default
+    if allow_zero and value == 0:
+        return 0.0
+    return _checks.duration(name, value).total_seconds()
+
+
+class _Heartbeat:
+    """Renews a batch's claims every ``interval`` seconds while its publish runs, from a
+    thread of its own (so on a connection of its own)."""
+
+    def __init__(self, repository: OutboxRepository, worker_id: str, interval: float,
+                 stats: RelayStats) -> None:
+        self.repository = repository
+        self.worker_id = worker_id
+        self.interval = interval
+        self.stats = stats
+        self._cond = threading.Condition()
+        self._held: list[int] | None = None
+        self._since = 0.0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def hold(self, event_ids: list[int]) -> None:
+        with self._cond:
+            self._held, self._since = event_ids, time.monotonic()
+            if self._thread is None:
+                self._stopping = False
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name=f"outbox-relay-heartbeat-{self.worker_id}")
+                self._thread.start()
+            self._cond.notify_all()
+
+    def release(self) -> None:
+        with self._cond:
+            self._held = None
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            thread, self._thread = self._thread, None
+            self._stopping = True
+            self._cond.notify_all()
+        if thread is not None:
+            thread.join()
+
+    def _due(self) -> list[int] | None:
+        """Wait until the held batch is due for renewal; None when stopping."""
+        with self._cond:
+            while not self._stopping:
+                if self._held is None:
+                    self._cond.wait()
+                    continue
+                wait = self._since + self.interval - time.monotonic()
+                if wait <= 0:
+                    self._since = time.monotonic()
+                    return list(self._held)
+                self._cond.wait(wait)
+            return None
+
+    def _loop(self) -> None:
+        database = self.repository.database
+        try:
+            while (held := self._due()) is not None:
+                try:
+                    renewed = self.repository.extend_locks(held, self.worker_id)
+                except Exception as exc:  # noqa: BLE001 - the main loop records the outcome
+                    logger.warning("relay %s: renewing %d claims failed: %s", self.worker_id,
+                                   len(held), redact(str(exc)))
+                    if is_connection_error(exc):
+                        try:
+                            reconnect(database)
+                        except Exception:  # noqa: BLE001 - tried again at the next beat
+                            pass
+                    continue
+                self.stats.renewals += 1
+                with self._cond:
+                    current = self._held == held
+                if current and renewed < len(held):
+                    logger.warning("relay %s: %d of %d claims were lost during a long"
+                                   " publish", self.worker_id, len(held) - renewed, len(held))
+        finally:
+            if not database.is_closed():
+                database.close()

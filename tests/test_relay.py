@@ -1,0 +1,404 @@
+"""The relay against the real server, with publishers that stand for a broker."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from typing import Any
+
+import peewee as pw
+import pytest
+from playhouse.pool import PooledMySQLDatabase
+
+from outbox_lite import Backoff, InvalidEventError, OutboxRepository
+from outbox_lite.relay import Relay, default_worker_id
+
+from conftest import seed
+
+
+class Broker:
+    """A publisher that keeps what it was given, and fails the ids it is told to."""
+
+    def __init__(self, fail: dict[int, BaseException] | None = None,
+                 raise_: BaseException | None = None) -> None:
+        self.batches: list[list[tuple[int, str, Any]]] = []
+        self.fail = fail or {}
+        self.raise_ = raise_
+        self.closed = False
+
+    def publish(self, events):
+        self.batches.append([(e.id, e.event_type, e.payload) for e in events])
+        if self.raise_ is not None:
+            raise self.raise_
+        return {e.id: self.fail[e.id] for e in events if e.id in self.fail}
+
+    def close(self):
+        self.closed = True
+
+    @property
+    def published(self) -> list[int]:
+        return [event_id for batch in self.batches for event_id, _, _ in batch]
+
+
+class Permanent(Exception):
+    retryable = False
+    error_code = "rejected_by_broker"
+
+
+def _drain(relay, timeout=60.0):
+    """run(until_empty=True), stopped and failed by a watchdog if it does not end by itself
+    (the relay survives faults by retrying forever, so a broken one would never return)."""
+    stop = threading.Event()
+    watchdog = threading.Timer(timeout, stop.set)
+    watchdog.start()
+    try:
+        relay.run(stop, until_empty=True)
+    finally:
+        watchdog.cancel()
+    assert not stop.is_set(), f"the relay did not drain the outbox within {timeout} s"
+
+
+def _relay(repo, publisher, **options):
+    options.setdefault("worker_id", "relay-1")
+    options.setdefault("progress_every", 0)
+    return Relay(repo, publisher, **options)
+
+
+def test_a_round_publishes_a_batch_and_records_it_in_one_statement(db, repo, fetch, clock):
+    ids = seed(repo, 5)
+    broker = Broker()
+    relay = _relay(repo, broker, batch_size=3)
+    first = relay.run_once()
+    assert (first.claimed, first.published, first.retried, first.dead) == (3, 3, 0, 0)
+    assert broker.batches == [[(i, "job.created", {"n": n}) for n, i in enumerate(ids[:3])]]
+    rows = fetch("SELECT id, status, locked_by, published_at FROM outbox_event ORDER BY id")
+    when = clock.now.replace(tzinfo=None)
+    assert rows[:3] == [{"id": i, "status": "published", "locked_by": None, "published_at": when}
+                        for i in ids[:3]]
+    assert [r["status"] for r in rows[3:]] == ["pending", "pending"]
+    assert relay.run_once().published == 2 and relay.run_once().claimed == 0
+    assert relay.stats.published == 5 and relay.stats.rounds == 3
+
+
+def test_failures_retry_or_dead_letter_with_their_code(db, repo, fetch, clock):
+    a, b, c, d = seed(repo, 4)
+
+    class BrokerDown(Exception):
+        pass
+
+    broker = Broker(fail={a: BrokerDown("503 from broker"), b: Permanent("schema mismatch"),
+                          c: ValueError("password=hunter2 refused")})
+    result = _relay(repo, broker).run_once()
+    assert (result.published, result.retried, result.dead) == (1, 2, 1)
+    rows = {r["id"]: r for r in fetch("SELECT * FROM outbox_event")}
+    assert rows[a]["status"] == "pending" and rows[a]["last_error_code"] == "BrokerDown"
+    assert rows[a]["available_at"] == (clock.now + dt.timedelta(seconds=10)).replace(tzinfo=None)
+    assert rows[b]["status"] == "failed" and rows[b]["last_error_code"] == "rejected_by_broker"
+    assert rows[b]["last_error_message"] == "schema mismatch"
+    assert rows[c]["last_error_code"] == "ValueError"
+    assert "hunter2" not in rows[c]["last_error_message"]
+    assert rows[d]["status"] == "published"
+
+
+def test_the_last_attempt_dead_letters(db, clock, fetch):
+    repo = OutboxRepository(db, clock=clock, max_attempts=2,
+                            backoff=Backoff(base=1, cap=1, jitter=0))
+    [event_id] = seed(repo, 1)
+    relay = _relay(repo, Broker(fail={event_id: OSError("down")}))
+    assert relay.run_once().retried == 1
+    clock.advance(seconds=2)
+    assert relay.run_once().dead == 1
+    assert fetch("SELECT status, attempt_count FROM outbox_event") == [
+        {"status": "failed", "attempt_count": 2}]
+
+
+def test_a_publisher_that_raises_fails_the_whole_batch(db, repo, fetch):
+    seed(repo, 3)
+    broker = Broker(raise_=ConnectionError("redis unreachable"))
+    result = _relay(repo, broker).run_once()
+    assert (result.claimed, result.published, result.retried) == (3, 0, 3)
+    assert fetch("SELECT DISTINCT status, last_error_code FROM outbox_event") == [
+        {"status": "pending", "last_error_code": "ConnectionError"}]
+
+
+def test_failures_for_events_not_in_the_batch_are_ignored(db, repo, fetch, caplog):
+    seed(repo, 1)
+
+    class Confused(Broker):
+        def publish(self, events):
+            super().publish(events)
+            return {10 ** 9: OSError("?")}
+
+    broker = Confused()
+    with caplog.at_level(logging.WARNING, "outbox_lite.relay"):
+        assert _relay(repo, broker).run_once().published == 1
+    assert "not in the batch" in caplog.text
+    assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
+
+
+def test_a_claim_taken_over_during_the_publish_is_counted_lost_and_not_recorded(
+        db, repo, fetch, clock):
+    ids = seed(repo, 2)
+
+    class SlowBroker(Broker):
+        def publish(self, events):
+            clock.advance(minutes=10)  # the publish outlived the lock timeout
+            assert repo.release_expired_locks(60) == 2
+            assert repo.mark_processing(ids[0], "other")  # another relay took one over
+            return super().publish(events)
+
+    relay = _relay(repo, SlowBroker(), lock_timeout=60, heartbeat=30)
+    result = relay.run_once()
+    assert (result.claimed, result.published, result.lost) == (2, 0, 2)
+    assert fetch("SELECT id, status, locked_by FROM outbox_event ORDER BY id") == [
+        {"id": ids[0], "status": "processing", "locked_by": "other"},
+        {"id": ids[1], "status": "pending", "locked_by": None}]
+
+
+def _wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_a_long_publish_renews_its_claims_so_no_one_takes_them_over(db, repo, fetch, clock):
+    ids = seed(repo, 3)
+    released = []
+    entered, finish = threading.Event(), threading.Event()
+
+    class HangingBroker(Broker):
+        def publish(self, events):
+            entered.set()
+            assert finish.wait(30)
+            return super().publish(events)
+
+    relay = _relay(repo, HangingBroker(), lock_timeout=60, heartbeat=0.02)
+    worker = threading.Thread(target=lambda: released.append(relay.run_once()))
+    worker.start()
+    assert entered.wait(10)
+    other = OutboxRepository(db, clock=clock)
+    for _ in range(4):  # four lock timeouts pass during the publish
+        clock.advance(seconds=45)
+        renewed_at = clock.now.replace(tzinfo=None)
+        _wait_until(lambda: fetch("SELECT MIN(locked_at) AS t FROM outbox_event")[0]["t"]
+                    == renewed_at)
+        clock.advance(seconds=45)
+        assert other.release_expired_locks(60) == 0  # 45 s since the renewal: not expired
+    finish.set()
+    worker.join(10)
+    relay.close()
+    assert released[0].published == 3 and released[0].lost == 0
+    assert relay.stats.renewals >= 4
+    assert fetch("SELECT DISTINCT status, attempt_count FROM outbox_event") == [
+        {"status": "published", "attempt_count": 1}]
+    assert len(ids) == 3
+
+
+def test_without_renewals_the_same_publish_loses_its_claims(db, repo, fetch, clock):
+    seed(repo, 3)
+    entered, finish = threading.Event(), threading.Event()
+
+    class HangingBroker(Broker):
+        def publish(self, events):
+            entered.set()
+            assert finish.wait(30)
+            return super().publish(events)
+
+    relay = _relay(repo, HangingBroker(), lock_timeout=60, heartbeat=59)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(relay.run_once()))
+    worker.start()
+    assert entered.wait(10)
+    clock.advance(seconds=90)
+    assert OutboxRepository(db, clock=clock).release_expired_locks(60) == 3
+    finish.set()
+    worker.join(10)
+    relay.close()
+    assert results[0].lost == 3 and results[0].published == 0
+    assert fetch("SELECT DISTINCT status, last_error_code FROM outbox_event") == [
+        {"status": "pending", "last_error_code": "lock_expired"}]
+
+
+def test_run_until_empty_drains_then_returns(db, repo, fetch):
+    seed(repo, 250)
+    broker = Broker()
+    relay = _relay(repo, broker, batch_size=100)
+    _drain(relay)
+    assert sorted(broker.published) == [r["id"] for r in fetch(
+        "SELECT id FROM outbox_event ORDER BY id")]
+    assert fetch("SELECT status, COUNT(*) AS n FROM outbox_event GROUP BY status") == [
+        {"status": "published", "n": 250}]
+    assert [len(b) for b in broker.batches] == [100, 100, 50]
+
+
+def test_ordered_until_empty_leaves_what_waits_behind_a_dead_letter(db, repo, fetch):
+    with db.atomic():
+        ids = [repo.create_in_transaction(event_type="e", aggregate_type="job",
+                                          aggregate_id=agg, payload={}).id
+               for agg in ("a", "b", "a", "b", "a")]
+    broker = Broker(fail={ids[0]: Permanent("poison")})
+    _drain(_relay(repo, broker, ordered=True))
+    assert fetch("SELECT id, status FROM outbox_event ORDER BY id") == [
+        {"id": ids[0], "status": "failed"}, {"id": ids[1], "status": "published"},
+        {"id": ids[2], "status": "pending"}, {"id": ids[3], "status": "published"},
+        {"id": ids[4], "status": "pending"}]
+    assert repo.stats().held_back == 2
+    # per aggregate, the broker saw b's events in id order and nothing of a after the poison
+    assert broker.published == [ids[0], ids[1], ids[3]]
+
+
+class _CountingStop(threading.Event):
+    """A stop event that records each pause instead of waiting it out."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.pauses: list[float] = []
+        self.after = after
+
+    def wait(self, timeout=None):
+        self.pauses.append(timeout)
+        if len(self.pauses) >= self.after:
+            self.set()
+        return self.is_set()
+
+
+def test_the_idle_pause_doubles_up_to_its_cap_and_work_resets_it(db, repo):
+    stop = _CountingStop(after=8)
+    _relay(repo, Broker(), idle_pause=0.01, max_idle_pause=0.1).run(stop)
+    assert stop.pauses == [0.01, 0.02, 0.04, 0.08, 0.1, 0.1, 0.1, 0.1]
+
+    seed(repo, 1)
+    stop = _CountingStop(after=3)
+    relay = _relay(repo, Broker(), idle_pause=0.01, max_idle_pause=0.1)
+    relay.run(stop)
+    assert stop.pauses == [0.01, 0.02, 0.04] and relay.stats.published == 1
+
+
+def test_stopping_finishes_and_records_the_batch_in_hand(db, repo, fetch):
+    seed(repo, 30)
+    stop = threading.Event()
+
+    class StoppingBroker(Broker):
+        def publish(self, events):
+            stop.set()  # a SIGTERM arrives during the publish
+            return super().publish(events)
+
+    broker = StoppingBroker()
+    _relay(repo, broker, batch_size=10).run(stop)
+    assert len(broker.batches) == 1
+    assert fetch("SELECT status, COUNT(*) AS n FROM outbox_event GROUP BY status ORDER BY status"
+                 ) == [{"status": "pending", "n": 20}, {"status": "published", "n": 10}]
+
+
+def test_a_lock_conflict_while_recording_is_retried(db, db_url, repo, fetch):
+    ids = seed(repo, 2)
+    holding, conflicted = threading.Event(), threading.Event()
+    relay = None
+
+    def hold_rows():
+        other = db_url.database()
+        with other.atomic():
+            other.execute_sql("SELECT id FROM outbox_event WHERE id IN (%s, %s) FOR UPDATE", ids)
+            holding.set()
+            _wait_until(lambda: relay.stats.lock_conflicts >= 1, timeout=30)
+        other.close()
+        conflicted.set()
+
+    class Broker2(Broker):
+        def publish(self, events):
+            db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+            threading.Thread(target=hold_rows).start()
+            assert holding.wait(10)
+            return super().publish(events)
+
+    relay = _relay(repo, Broker2())
+    result = relay.run_once()
+    assert conflicted.is_set()
+    assert result.published == 2 and relay.stats.lock_conflicts >= 1
+    assert fetch("SELECT DISTINCT status FROM outbox_event") == [{"status": "published"}]
+
+
+@pytest.mark.parametrize("kind", ["autoconnect", "no-autoconnect", "pooled"])
+@pytest.mark.parametrize("when", ["claim", "record"])
+def test_a_killed_connection_is_reconnected_and_nothing_is_lost_or_doubled(
+        db_url, clock, fetch, kind, when):
+    params = dict(host=db_url.host, port=db_url.port, user=db_url.user,
+                  password=db_url.password, charset="utf8mb4")
+    if kind == "pooled":
+        database = PooledMySQLDatabase(db_url.name, max_connections=4, **params)
+    else:
+        database = pw.MySQLDatabase(db_url.name, autoconnect=kind == "autoconnect", **params)
+    database.connect()
+    kills = []
+
+    def kill_own_connection():
+        connection_id = database.execute_sql("SELECT CONNECTION_ID()").fetchone()[0]
+        fetch(f"KILL CONNECTION {connection_id}")
+        kills.append(connection_id)
+
+    class KillingRepository(OutboxRepository):
+        claims = 0
+
+        def claim_batch(self, *args, **kwargs):
+            self.claims += 1
+            if when == "claim" and self.claims in (2, 4):
+                kill_own_connection()  # the claim transaction finds it dead
+            return super().claim_batch(*args, **kwargs)
+
+    class KillingBroker(Broker):
+        def publish(self, events):
+            if when == "record" and len(self.batches) in (1, 3):
+                kill_own_connection()  # recording the outcomes finds it dead
+            return super().publish(events)
+
+    repo = KillingRepository(database, clock=clock)
+    ids = seed(repo, 40)
+    broker = KillingBroker()
+    relay = _relay(repo, broker, batch_size=10, reconnect_pause=0.01, lock_timeout=10)
+    _drain(relay)
+    database.close()
+    assert len(kills) == 2 and relay.stats.reconnects == 2
+    assert sorted(broker.published) == ids  # each event handed to the broker once
+    assert fetch("SELECT status, COUNT(*) AS n FROM outbox_event GROUP BY status") == [
+        {"status": "published", "n": 40}]
+    assert fetch("SELECT MAX(attempt_count) AS a FROM outbox_event") == [{"a": 1}]
+
+
+def test_progress_lines_name_the_figures_and_nothing_else(db, repo, caplog):
+    seed(repo, 5)
+    relay = _relay(repo, Broker(), progress_every=0.001)
+    with caplog.at_level(logging.INFO, "outbox_lite.relay"):
+        _drain(relay)
+    lines = [r.getMessage() for r in caplog.records if r.name == "outbox_lite.relay"]
+    assert any("5 published" in line and "events/s" in line for line in lines), lines
+    assert not any('"n"' in line or "job.created" in line for line in lines)
+
+
+def test_worker_ids_are_unique_and_valid(db, repo):
+    ids = {default_worker_id() for _ in range(100)}
+    assert len(ids) == 100
+    relay = Relay(repo, Broker())
+    assert relay.worker_id.count(":") == 2
+
+
+@pytest.mark.parametrize("options,words", [
+    ({"batch_size": 0}, "batch_size"),
+    ({"lock_timeout": -1}, "lock_timeout"),
+    ({"lock_timeout": 10, "heartbeat": 10}, "heartbeat"),
+    ({"worker_id": " x"}, "worker_id"),
+    ({"ordered": "yes"}, "ordered"),
+    ({"idle_pause": 0}, "idle_pause"),
+])
+def test_bad_options_are_refused(db, repo, options, words):
+    with pytest.raises(InvalidEventError, match=words):
+        Relay(repo, Broker(), **options)
+
+
+def test_a_publisher_must_have_publish_and_close(db, repo):
+    with pytest.raises(TypeError, match="publish"):
+        Relay(repo, object())
+    with pytest.raises(TypeError, match="OutboxRepository"):
+        Relay(db, Broker())
