@@ -10,6 +10,8 @@ from urllib.parse import unquote, urlparse
 import peewee as pw
 import pymysql
 
+from ._compat import MySQLDatabase
+
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/outbox_lite"
 _NAME_RE = re.compile(r"[A-Za-z0-9_$]{1,64}")
 
@@ -59,7 +61,7 @@ class DatabaseUrl:
 
     def database(self, **kwargs: Any) -> pw.MySQLDatabase:
         """A Peewee database for this URL (connects lazily)."""
-        return pw.MySQLDatabase(self.name, **{**self._params(), **kwargs})
+        return MySQLDatabase(self.name, **{**self._params(), **kwargs})
 
     def server_connection(self) -> pymysql.connections.Connection:
         """A plain PyMySQL connection to the server, no database selected."""

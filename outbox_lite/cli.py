@@ -11,12 +11,15 @@ import datetime as dt
 import json
 import logging
 import os
+import platform
 import sys
-from typing import Callable, Iterator, Sequence
+from importlib import metadata
+from typing import Any, Callable, Iterator, Sequence
 
 import peewee as pw
 import pymysql
 
+from . import __version__
 from . import migrate as schema
 from ._db import DEFAULT_URL, DatabaseUrl, DatabaseUrlError
 from .errors import OutboxError, driver_errno
@@ -161,6 +164,26 @@ def _positive(text: str) -> int:
     return value
 
 
+def version_line() -> str:
+    """outbox_lite's version and those of the Peewee line and drivers it runs on."""
+    return (f"outbox-lite {__version__} (Peewee {metadata.version('peewee')}, "
+            f"peewee-migrate {metadata.version('peewee-migrate')}, "
+            f"PyMySQL {metadata.version('PyMySQL')}, Python {platform.python_version()})")
+
+
+class _Version(argparse.Action):
+    """``--version``: prints :func:`version_line` (looked up only when asked) and exits."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                         nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(version_line())
+        parser.exit()
+
+
 def _add_database_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url", metavar="URL",
@@ -172,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="outbox-lite", description="Transactional outbox tools for MySQL/MariaDB.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    parser.add_argument("--version", action=_Version,
+                        help="show the versions of outbox-lite, Peewee, peewee-migrate, "
+                             "PyMySQL and Python, then exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser(

@@ -6,11 +6,12 @@ Without a reachable server the run stops with an error: a skipped suite proves n
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pymysql
 import pytest
@@ -98,6 +99,60 @@ def fetch(db_url: DatabaseUrl) -> Callable[..., list[dict[str, Any]]]:
 
 def _params(url: DatabaseUrl) -> dict[str, Any]:
     return {"host": url.host, "port": url.port, "user": url.user, "password": url.password}
+
+
+class _SpyCursor:
+    """A driver cursor that reports each statement before running it."""
+
+    def __init__(self, cursor: Any, report: Callable[[str, Any], None]) -> None:
+        self._cursor = cursor
+        self._report = report
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        self._report(sql, params)
+        return self._cursor.execute(sql, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cursor)
+
+
+@contextlib.contextmanager
+def capture_sql(database: Any, before: Callable[[str, Any], None] | None = None,
+                ) -> Iterator[list[tuple[str, Any]]]:
+    """Yield a list that receives ``(sql, params)`` for every statement run on ``database``.
+
+    Works on Peewee 3 and 4 alike: it wraps the driver cursors ``database.cursor()`` hands
+    out, the one path every statement takes (queries, ``execute_sql``, ``BEGIN``, from any
+    thread). ``before(sql, params)``, if given, runs just before each statement; what it runs
+    itself on ``database`` is neither recorded nor passed to it again.
+    """
+    statements: list[tuple[str, Any]] = []
+    inside = threading.local()
+
+    def report(sql: str, params: Any) -> None:
+        if getattr(inside, "active", False):
+            return
+        statements.append((sql, params))
+        if before is not None:
+            inside.active = True
+            try:
+                before(sql, params)
+            finally:
+                inside.active = False
+
+    shadowed = "cursor" in vars(database)  # an outer spy's, when spies nest
+    cursor = database.cursor
+    database.cursor = lambda *args, **kwargs: _SpyCursor(cursor(*args, **kwargs), report)
+    try:
+        yield statements
+    finally:
+        if shadowed:
+            database.cursor = cursor
+        else:
+            del database.cursor  # back to the class's own method
 
 
 def new_event(repo: OutboxRepository, n: int = 0, **overrides: Any) -> Any:

@@ -15,7 +15,7 @@ from outbox_lite import (
     TransactionRequiredError,
 )
 
-from conftest import T0, run_threads
+from conftest import T0, capture_sql, run_threads
 
 EVENT = dict(event_type="job.created", aggregate_type="ai_job", aggregate_id="42",
              payload={"job_id": 42, "model": "small", "tags": ["a", "b"]})
@@ -125,13 +125,10 @@ BAD_FIELDS = [
 
 @pytest.mark.parametrize("field,value", BAD_FIELDS)
 def test_bad_fields_are_refused_before_any_sql(db, repo, fetch, field, value):
-    queries: list[str] = []
-    db.query_hooks.append(lambda event: queries.append(event.sql))
     with db.atomic():
-        before = len(queries)
-        with pytest.raises(InvalidEventError) as info:
+        with capture_sql(db) as statements, pytest.raises(InvalidEventError) as info:
             repo.create_in_transaction(**{**EVENT, field: value})
-        assert len(queries) == before, "SQL ran before the error"
+        assert statements == [], "SQL ran before the error"
     assert field in str(info.value)
     assert isinstance(info.value, ValueError)
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]

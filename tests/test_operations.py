@@ -13,7 +13,7 @@ import pytest
 from outbox_lite import InvalidEventError, OutboxRepository
 from outbox_lite.cli import main
 
-from conftest import new_event, seed
+from conftest import capture_sql, new_event, seed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,9 +95,8 @@ def test_purge_deletes_only_old_published_events_in_bounded_batches(db, repo, fe
     recent = new_event(repo, 1)
     assert repo.mark_processing(recent.id, "w") and repo.mark_published(recent.id, "w")
     pending = new_event(repo, 2)
-    statements = []
-    db.query_hooks.append(lambda e: statements.append((e.sql, e.params)))
-    assert repo.purge_published(dt.timedelta(days=7), batch_size=1000) == 2500
+    with capture_sql(db) as statements:
+        assert repo.purge_published(dt.timedelta(days=7), batch_size=1000) == 2500
     deletes = [params for sql, params in statements if sql.startswith("DELETE")]
     assert len(deletes) == 3 and max(len(p) - 1 for p in deletes) == 1000
     left = {r["id"] for r in fetch("SELECT id FROM outbox_event")}

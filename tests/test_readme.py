@@ -1,0 +1,48 @@
+"""The README's first usage snippet runs verbatim after the README's setup."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from outbox_lite._db import DEFAULT_URL, DatabaseUrl
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+# What the README connects to: the database `outbox-lite migrate` makes by default.
+CONNECT = ('peewee.MySQLDatabase("outbox_lite", host="127.0.0.1", user="root",'
+           ' charset="utf8mb4")')
+
+
+def _first_python_block() -> str:
+    text = README.read_text(encoding="utf-8")
+    match = re.search(r"^```python\n(.*?)^```$", text, re.DOTALL | re.MULTILINE)
+    assert match, "the README has no python block"
+    return match.group(1)
+
+
+def test_the_connection_is_what_the_setup_made():
+    default = DatabaseUrl.parse(DEFAULT_URL)
+    assert (default.name, default.host, default.port, default.user, default.password) == (
+        "outbox_lite", "127.0.0.1", 3306, "root", "")
+    assert _first_python_block().count(CONNECT) == 1
+
+
+def test_the_first_usage_snippet_runs_as_written(db_url, fetch, tmp_path):
+    """Run twice on a migrated database of its own, so a second run must work too."""
+    ours = (f"peewee.MySQLDatabase({db_url.name!r}, host={db_url.host!r}, port={db_url.port},"
+            f" user={db_url.user!r}, password={db_url.password!r}, charset=\"utf8mb4\")")
+    script = tmp_path / "readme_usage.py"
+    script.write_text(_first_python_block().replace(CONNECT, ours), encoding="utf-8")
+    for job_id in (1, 2):
+        result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout == f"published job.created {{'job_id': {job_id}}}\n"
+    assert fetch("SELECT id, name FROM job ORDER BY id") == [
+        {"id": 1, "name": "resize"}, {"id": 2, "name": "resize"}]
+    assert fetch("SELECT aggregate_id, status, attempt_count, payload FROM outbox_event"
+                 " ORDER BY id") == [
+        {"aggregate_id": str(n), "status": "published", "attempt_count": 1,
+         "payload": f'{{"job_id":{n}}}'} for n in (1, 2)]

@@ -1,0 +1,31 @@
+"""The SQL spy the other tests rely on (``conftest.capture_sql``): it must see everything."""
+
+from __future__ import annotations
+
+from conftest import capture_sql, run_threads
+
+
+def test_records_every_statement_with_its_params_in_order(db, repo):
+    with capture_sql(db) as statements:
+        with db.atomic():
+            db.execute_sql("INSERT INTO job (name) VALUES (%s)", ("spy",))
+            repo.create_in_transaction(event_type="e", aggregate_type="a", aggregate_id="1",
+                                       payload={})
+        assert repo.model.select().count() == 1
+    assert [sql.split()[0] for sql, _ in statements] == [
+        "BEGIN", "INSERT", "INSERT", "COMMIT", "SELECT"]
+    assert statements[1] == ("INSERT INTO job (name) VALUES (%s)", ("spy",))
+    assert "cursor" not in vars(db)  # the database is left as it was
+    db.execute_sql("SELECT 1")
+    assert len(statements) == 5
+
+
+def test_sees_other_threads_and_runs_before_each_statement(db):
+    seen = []
+    with capture_sql(db, before=lambda sql, _: seen.append(
+            db.execute_sql("SELECT %s", (sql,)).fetchone()[0])) as statements:
+        results, errors = run_threads(3, lambda i: db.execute_sql(
+            "SELECT %s", (i,)).fetchone()[0], database=db)
+    assert errors == [] and results == [0, 1, 2]
+    assert sorted(params for _, params in statements) == [(0,), (1,), (2,)]
+    assert seen == ["SELECT %s"] * 3  # the hook's own statements are not recorded
