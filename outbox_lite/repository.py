@@ -38,7 +38,6 @@ from .models import (
     OutboxStatus,
     UTCDateTimeField,
     bind_model,
-    to_utc,
 )
 from .payload import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload, redact
 
@@ -106,8 +105,10 @@ class OutboxRepository:
         allowed_payload_keys: Collection[str] = (),
         claim_window: int = 4,
     ) -> None:
-        if not isinstance(database, pw.Database):
-            raise TypeError(f"database must be a peewee Database, not {type(database).__name__}")
+        if not isinstance(database, pw.MySQLDatabase):
+            raise TypeError(
+                "database must be a peewee MySQLDatabase (or a subclass: pooled, ReconnectMixin,"
+                f" ...) for MySQL or MariaDB, not {type(database).__name__}")
         self.database = database
         self.max_attempts = _checks.positive_int("max_attempts", max_attempts, 1_000)
         self.backoff = backoff if backoff is not None else Backoff()
@@ -116,8 +117,10 @@ class OutboxRepository:
         if not callable(clock):
             raise TypeError("clock must be a callable returning an aware datetime")
         self.clock = clock
-        self._now: Callable[[], dt.datetime] = (
-            _naive_utc_now if clock is _utc_now else lambda: to_utc(self.clock()))
+        self._now: Callable[[], dt.datetime] = _naive_utc_now
+        if clock is not _utc_now:  # checked now, and on every reading (the default is right)
+            self._now = lambda: _checks.instant("clock()", self.clock())
+            self._now()
         self.max_payload_bytes = _checks.positive_int("max_payload_bytes", max_payload_bytes)
         if isinstance(allowed_payload_keys, str):
             raise TypeError("allowed_payload_keys must be a collection of key names")
@@ -419,7 +422,7 @@ class OutboxRepository:
         """
         timeout = _checks.duration("lock_timeout", lock_timeout)
         now = self._now()
-        cutoff = now - timeout
+        cutoff = _checks.before("lock_timeout", now, timeout)
         released = 0
         for ids in self._pages(sql.BY_LOCKED_AT, sql.EXPIRED, (cutoff,), "locked_at", _CHUNK,
                                caller_changes_rows=True):
@@ -480,7 +483,7 @@ class OutboxRepository:
         """
         age = _checks.duration("older_than", older_than)
         batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
-        cutoff = self._now() - age
+        cutoff = _checks.before("older_than", self._now(), age)
         deleted = 0
         for ids in self._pages(sql.BY_STATUS, sql.OLD_PUBLISHED, (cutoff,), "available_at",
                                batch_size, caller_changes_rows=True):
@@ -496,12 +499,14 @@ class OutboxRepository:
         timeout = None if lock_timeout is None else _checks.duration("lock_timeout",
                                                                       lock_timeout)
         now = self._now()
+        expired_before = None if timeout is None else _checks.before("lock_timeout", now,
+                                                                      timeout)
         counts = {status.value: 0 for status in OutboxStatus}
         counts.update(self._execute(sql.COUNT_BY_STATUS, ()).fetchall())
         oldest = self._execute(sql.OLDEST_DISPATCHABLE, (now,)).fetchone()[0]
         expired = None
-        if timeout is not None:
-            expired = self._execute(sql.COUNT_EXPIRED, (now - timeout,)).fetchone()[0]
+        if expired_before is not None:
+            expired = self._execute(sql.COUNT_EXPIRED, (expired_before,)).fetchone()[0]
         dead = dict(self._execute(sql.DEAD_BY_CODE, ()).fetchall())
         return OutboxStats(counts=counts,
                            oldest_pending_age=None if oldest is None else now - oldest,
