@@ -1,4 +1,5 @@
-"""The database plumbing: ``mysql://`` URLs for the command line and the contention suite.
+"""The database plumbing: ``mysql://`` URLs for the command line and the contention suite, and
+the one rule for a connection that broke (:func:`lost_connection`, :func:`reconnect`).
 
 A URL's password is never shown: errors about a URL quote none of its text, and ``str()``
 masks the password (and ``ssl_key_password``).
@@ -6,6 +7,7 @@ masks the password (and ``ssl_key_password``).
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -14,6 +16,10 @@ from urllib.parse import unquote
 
 import peewee as pw
 import pymysql
+
+from .errors import ConnectionLostError, OutboxError, driver_errno
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/outbox_lite"
 _NAME_RE = re.compile(r"[A-Za-z0-9_$]{1,64}")
@@ -237,3 +243,89 @@ class DatabaseUrl:
                 cur.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
         finally:
             conn.close()
+
+
+# ---------------------------------------------------------------------------
+# Broken connections
+# ---------------------------------------------------------------------------
+
+#: What a caller catches for a broken or missing connection: ConnectionLostError from the
+#: repository's calls; Peewee's OperationalError and InterfaceError from the caller's own
+#: statements and from ``atomic()``, whose BEGIN, COMMIT or ROLLBACK meets the dead
+#: connection (a ROLLBACK after a lost connection raises ``InterfaceError(0, '')``).
+CONNECTION_ERRORS: tuple[type[Exception], ...] = (
+    ConnectionLostError, pw.OperationalError, pw.InterfaceError)
+
+#: Driver errors that mean the connection is gone: server gone away / lost during a query /
+#: lost reading the handshake (2006, 2013, 2055), killed (MariaDB 1927), disconnected for
+#: inactivity (MySQL 4031).
+_LOST = frozenset({2006, 2013, 2055, 1927, 4031})
+#: Driver errors that mean no connection could be opened: the server is not reachable.
+_UNREACHABLE = frozenset({2002, 2003})
+
+
+def _drop(database: pw.Database) -> None:
+    """Forget the calling thread's connection (a dead one may complain while closing)."""
+    try:
+        database.close()  # resets Peewee's connection state even when it raises
+    except Exception:  # noqa: BLE001 - closing a dead connection may fail in many ways
+        logger.debug("closing a broken connection failed", exc_info=True)
+
+
+def lost_connection(database: pw.Database, exc: Exception) -> ConnectionLostError | None:
+    """The ConnectionLostError to raise for a driver error ``exc`` that means there is no
+    working connection, or None when ``exc`` means something else.
+
+    Outside a transaction the broken connection is dropped first, so that with
+    ``autoconnect=True`` the next call opens a new one; inside one it is left to the
+    caller's ``atomic()`` block, which must end. The message says what to do next.
+    """
+    errno = driver_errno(exc)
+    never_opened = (isinstance(exc, pw.InterfaceError) and database.is_closed()
+                    and not getattr(database, "deferred", False))
+    if never_opened:
+        return ConnectionLostError(
+            "no connection to the server is open and the database was made with "
+            "autoconnect=False: call database.connect() (or outbox_lite.reconnect(database))"
+            " before using the outbox")
+    if errno in _UNREACHABLE:
+        return ConnectionLostError(f"cannot reach the server ({exc}); try again later")
+    if not (errno in _LOST or isinstance(exc, pw.InterfaceError)):
+        return None
+    if database.in_transaction():
+        return ConnectionLostError(
+            f"lost the connection to the server inside a transaction ({exc}); the server "
+            "rolled the transaction back: let the atomic() block end (Peewee's ROLLBACK on "
+            "the dead connection raises peewee.InterfaceError), call "
+            "outbox_lite.reconnect(database), then retry the whole transaction")
+    _drop(database)
+    if getattr(database, "autoconnect", True):
+        return ConnectionLostError(
+            f"lost the connection to the server ({exc}); the next call opens a new one")
+    return ConnectionLostError(
+        f"lost the connection to the server ({exc}); the database was made with "
+        "autoconnect=False: call database.connect() (or outbox_lite.reconnect(database)) "
+        "before the next call")
+
+
+def reconnect(database: pw.Database) -> bool:
+    """Replace the calling thread's connection to ``database`` with a new one, after one of
+    :data:`CONNECTION_ERRORS`. Returns True when connected, False when the server cannot be
+    reached (or refuses the login) yet: call it again later.
+
+    Works alike for ``autoconnect=True`` and ``False``, for pooled databases (a dead pooled
+    connection is discarded when the pool next hands it out) and for ReconnectMixin. Call
+    it outside any transaction: the caller's ``atomic()`` block must have ended (raises
+    OutboxError otherwise, changing nothing).
+    """
+    if database.in_transaction():
+        raise OutboxError(
+            "reconnect() runs outside a transaction: let the atomic() block end first")
+    _drop(database)
+    try:
+        database.connect()
+    except (pw.OperationalError, pw.InterfaceError) as exc:
+        logger.warning("reconnecting failed: %s", exc)
+        _drop(database)
+        return False
+    return True

@@ -21,9 +21,9 @@ import peewee as pw
 
 from . import _checks
 from . import _sql as sql
+from ._db import lost_connection
 from .backoff import Backoff
 from .errors import (
-    ConnectionLostError,
     DuplicateEventError,
     InvalidEventError,
     LockConflictError,
@@ -148,21 +148,10 @@ class OutboxRepository:
             errno = driver_errno(exc)
             if errno in (1205, 1213):
                 raise LockConflictError(errno, str(getattr(exc, "orig", exc))) from exc
-            if isinstance(exc, pw.InterfaceError) or errno in (2006, 2013, 2055):
-                self._forget_connection()
-                raise ConnectionLostError(
-                    f"lost the connection to the server ({exc}); "
-                    "the next call outside a transaction reconnects") from exc
+            lost = lost_connection(self.database, exc)
+            if lost is not None:
+                raise lost from exc
             raise
-
-    def _forget_connection(self) -> None:
-        # Inside the caller's transaction the caller's atomic() must see the failure and end
-        # it; outside one, drop the dead connection so Peewee opens a new one on next use.
-        if not self.database.in_transaction():
-            try:
-                self.database.close()  # resets Peewee's connection state even when it raises
-            except Exception:  # noqa: BLE001 - closing a dead connection may complain
-                logger.debug("closing a lost connection failed", exc_info=True)
 
     def _event(self, row: Sequence[Any], changes: dict[str, Any] | None = None) -> OutboxEvent:
         """An event from a row of :data:`COLUMNS` (with ``changes`` applied), read as
