@@ -337,3 +337,76 @@ def test_backoff_with_a_huge_factor_stays_at_its_cap():
     backoff = Backoff(base=1, factor=1e10, cap=3600, jitter=0)
     assert backoff.delay(64) == dt.timedelta(hours=1)
 
+
+# ---------------------------------------------------------------------------
+# The dead-letter and purge commands
+# ---------------------------------------------------------------------------
+
+def _statuses(fetch):
+    return {r["id"]: r["status"] for r in fetch("SELECT id, status FROM outbox_event")}
+
+
+def test_cli_dead_letters_requeue_and_delete_say_what_happened(db, db_url, repo, fetch, capsys):
+    a = _dead_letter(repo, "http_500", 1)
+    b = _dead_letter(repo, "http_500", 2)
+    c = _dead_letter(repo, "bad_payload", 3)
+    pending = new_event(repo, 4)
+    url = ["--database-url", _url_text(db_url)]
+
+    assert main(["dead-letters", "--requeue", "--id", str(a.id), str(pending.id), "999999",
+                 *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "requeued 1 dead letter; 2 of the 3 given ids are not dead letters"
+        " (missing, or not failed)")
+    assert _statuses(fetch) == {a.id: "pending", b.id: "failed", c.id: "failed",
+                                pending.id: "pending"}
+
+    assert main(["requeue", "--id", str(c.id), "--error-code", "http_500", *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "requeued 0 dead letters; 1 of the 1 given id is not a dead letter with "
+        "last_error_code http_500 (missing, or not failed)")
+
+    assert main(["dead-letters", "--delete", "--error-code", "nope", *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "deleted 0 dead letters (no dead letter has last_error_code nope)")
+
+    assert main(["dead-letters", "--delete", "--all", "--dry-run", *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "would delete 2 dead letters (dry run: nothing changed)")
+    assert main(["dead-letters", "--requeue", "--error-code", "bad_payload", "--dry-run",
+                 *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "would requeue 1 dead letter (dry run: nothing changed)")
+    assert _statuses(fetch)[b.id] == "failed" and _statuses(fetch)[c.id] == "failed"
+
+    assert main(["dead-letters", "--delete", "--id", str(b.id), *url]) == 0
+    assert capsys.readouterr().out.strip() == "deleted 1 dead letter"
+    assert main(["dead-letters", "--delete", "--all", *url]) == 0
+    assert capsys.readouterr().out.strip() == "deleted 1 dead letter"
+    assert _statuses(fetch) == {a.id: "pending", pending.id: "pending"}
+
+
+def test_cli_delete_of_every_dead_letter_must_be_asked_for(db, db_url, repo, fetch):
+    dead = _dead_letter(repo, "http_500", 1)
+    result = subprocess.run([sys.executable, "-m", "outbox_lite.cli", "dead-letters",
+                             "--delete", "--database-url", _url_text(db_url)],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 2
+    assert "--all for every one" in result.stderr
+    assert _statuses(fetch) == {dead.id: "failed"}
+
+
+def test_cli_purge_says_the_age_as_given_and_can_dry_run(db, db_url, repo, fetch, capsys):
+    event = new_event(repo, 1)
+    assert repo.mark_processing(event.id, "w") and repo.mark_published(event.id, "w")
+    fetch("UPDATE outbox_event SET published_at = published_at - INTERVAL 30 DAY")
+    url = ["--database-url", _url_text(db_url)]
+    assert main(["purge", "--older-than", "7d", "--dry-run", *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "would purge 1 published event older than 7d (dry run: nothing changed)")
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 1}]
+    assert main(["purge", "--older-than", "2w", *url]) == 0
+    assert capsys.readouterr().out.strip() == "purged 1 published event older than 2w"
+    assert main(["purge", "--older-than", "12h", *url]) == 0
+    assert capsys.readouterr().out.strip() == "purged 0 published events older than 12h"
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]
