@@ -31,6 +31,10 @@ class DatabaseUrlError(ValueError):
     """The URL is not ``mysql://user[:password]@host[:port]/database[?options]``."""
 
 
+class DatabaseExistsError(OutboxError):
+    """The database to create for a run exists already (and may hold someone's data)."""
+
+
 # ---------------------------------------------------------------------------
 # URLs
 # ---------------------------------------------------------------------------
@@ -221,18 +225,26 @@ class DatabaseUrl:
         finally:
             conn.close()
 
-    def create_database(self) -> bool:
-        """Create the database when missing; True when it was created."""
+    def create_database(self, *, exclusive: bool = False) -> bool:
+        """Create the database when missing; True when it was created. With ``exclusive``
+        an existing database raises DatabaseExistsError instead. (A user without the right
+        to create databases can still use one that exists.)"""
         conn = self.server_connection()
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
                             (self.name,))
-                if cur.fetchone():
-                    return False
-                cur.execute(f"CREATE DATABASE IF NOT EXISTS `{self.name}`"
-                            " CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
-                return True
+                if cur.fetchone() is None:
+                    try:  # no IF NOT EXISTS: of two runs racing, only one creates it
+                        cur.execute(f"CREATE DATABASE `{self.name}`"
+                                    " CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+                        return True
+                    except pymysql.MySQLError as exc:
+                        if driver_errno(exc) != 1007:  # ER_DB_CREATE_EXISTS
+                            raise
+            if exclusive:
+                raise DatabaseExistsError(f"database {self.name} exists already")
+            return False
         finally:
             conn.close()
 

@@ -21,7 +21,7 @@ import pymysql
 
 from . import _checks
 from . import migrate as schema
-from ._db import DEFAULT_URL, DatabaseUrl, DatabaseUrlError
+from ._db import DEFAULT_URL, DatabaseExistsError, DatabaseUrl, DatabaseUrlError
 from .errors import OutboxError, driver_errno
 from .models import MAX_ERROR_CODE_LENGTH, OutboxStatus
 from .payload import redact
@@ -190,8 +190,13 @@ def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
     target = url.with_name(f"{url.name}_contention")
     suite = ContentionSuite(target, workers=args.workers, events=args.events,
                             batch_size=args.batch_size, max_attempts=args.max_attempts,
-                            keep=args.keep, progress=progress)
-    results = suite.run(args.scenario or _all_scenarios())
+                            keep=args.keep, force=args.force, progress=progress)
+    try:
+        results = suite.run(args.scenario or _all_scenarios())
+    except DatabaseExistsError:
+        raise CommandError(
+            f"database {target.name} exists already and the suite would replace it: drop "
+            "it yourself, or pass --force to let the suite drop and re-create it") from None
     if args.json:
         print(json.dumps({"database": str(target), "workers": args.workers,
                           "events": args.events, "batch_size": args.batch_size,
@@ -361,9 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser(
         "contention", help="run the multi-worker lock contention suite",
         description="Worker threads, each on its own connection, race over an outbox seeded "
-                    "in a fresh database named <database>_contention (dropped afterwards "
-                    "unless --keep). Each scenario checks its invariants against the "
-                    "database; the exit status is 1 when one breaks.")
+                    "in a database of its own, <database>_contention, which it creates and "
+                    "drops afterwards (unless --keep). When that database exists already it "
+                    "refuses to run, unless --force lets it drop and re-create it. Each "
+                    "scenario checks its invariants against the database; the exit status "
+                    "is 1 when one breaks.")
     _add_database_flag(p)
     p.add_argument("--scenario", action="append", choices=_all_scenarios(),
                    help="run only this scenario (repeatable; default: all, in order)")
@@ -376,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=_positive, default=3,
                    help="attempts before a dead letter, for crash/retry (default: 3)")
     p.add_argument("--keep", action="store_true", help="keep the contention database")
+    p.add_argument("--force", action="store_true",
+                   help="drop and re-create <database>_contention when it exists already")
     p.add_argument("--json", action="store_true", help="print one JSON document, no table")
     p.set_defaults(handler=_cmd_contention)
 

@@ -139,6 +139,7 @@ class ContentionSuite:
         max_attempts: int = 3,
         lock_timeout: float = 30.0,
         keep: bool = False,
+        force: bool = False,
         repository_factory: Callable[..., OutboxRepository] | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
@@ -151,6 +152,7 @@ class ContentionSuite:
         self.max_attempts = max_attempts
         self.lock_timeout = dt.timedelta(seconds=lock_timeout)
         self.keep = keep
+        self.force = force
         self.factory = repository_factory or self._default_factory
         self.progress = progress or (lambda message: None)
         self.clock = SuiteClock()
@@ -169,13 +171,19 @@ class ContentionSuite:
     # -- the run ------------------------------------------------------------------------
 
     def run(self, scenarios: Iterable[str] = SCENARIOS) -> list[Result]:
-        """Run the scenarios in order on a fresh database; returns one Result each."""
+        """Run the scenarios in order on a fresh database; returns one Result each.
+
+        The run creates its database and drops it afterwards unless ``keep``. A database of
+        that name that exists already raises DatabaseExistsError (nothing dropped), unless
+        ``force`` lets the run drop it and create its own.
+        """
         scenarios = list(scenarios)
         unknown = sorted(set(scenarios) - set(SCENARIOS))
         if unknown:
             raise ValueError(f"unknown scenario(s): {', '.join(unknown)}")
-        self.url.drop_database()
-        self.url.create_database()
+        if self.force:
+            self.url.drop_database()
+        self.url.create_database(exclusive=True)  # from here on, the database is ours
         try:
             schema.migrate(self.database)
             self.database.execute_sql(_SINK)
