@@ -171,19 +171,17 @@ class ContentionSuite:
     # -- the run ------------------------------------------------------------------------
 
     def run(self, scenarios: Iterable[str] = SCENARIOS) -> list[Result]:
-        """Run the scenarios in order on a fresh database; returns one Result each.
-
-        The run creates its database and drops it afterwards unless ``keep``. A database of
-        that name that exists already raises DatabaseExistsError (nothing dropped), unless
-        ``force`` lets the run drop it and create its own.
-        """
+        """Run the scenarios in order on a fresh database; returns one Result each."""
         scenarios = list(scenarios)
         unknown = sorted(set(scenarios) - set(SCENARIOS))
         if unknown:
             raise ValueError(f"unknown scenario(s): {', '.join(unknown)}")
+        # The run creates its database and drops only that one (unless keep). One that exists
+        # already raises DatabaseExistsError and is left alone, unless force lets the run
+        # drop it and create its own.
         if self.force:
             self.url.drop_database()
-        self.url.create_database(exclusive=True)  # from here on, the database is ours
+        self.url.create_database(exclusive=True)
         try:
             schema.migrate(self.database)
             self.database.execute_sql(_SINK)
