@@ -1,5 +1,6 @@
 """outbox_lite: a Transactional Outbox on Peewee and MySQL/MariaDB."""
 
+from ._db import CONNECTION_ERRORS, reconnect
 from .backoff import Backoff
 from .errors import (
     ConnectionLostError,
@@ -15,6 +16,7 @@ from .models import OutboxEvent, OutboxStatus
 from .repository import OutboxRepository, OutboxStats
 
 __all__ = [
+    "CONNECTION_ERRORS",
     "Backoff",
     "ConnectionLostError",
     "CredentialInPayloadError",
@@ -28,5 +30,6 @@ __all__ = [
     "OutboxStatus",
     "PayloadError",
     "TransactionRequiredError",
+    "reconnect",
 ]
 __version__ = "0.1.0"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any, Iterable
 
 from .errors import InvalidEventError
@@ -12,6 +13,10 @@ from .models import MAX_NAME_LENGTH, to_utc
 _MIN_INSTANT = dt.datetime(1000, 1, 1)
 _MAX_INSTANT = dt.datetime(9999, 12, 31, 23, 59, 59, 999999)
 MAX_LIMIT = 10_000
+#: The longest duration (a lock timeout, a purge age) the API takes: 100 years.
+MAX_DURATION = dt.timedelta(days=36_500)
+MAX_DURATION_SECONDS = MAX_DURATION.total_seconds()
+MAX_DURATION_TEXT = "36500 days (100 years)"
 
 
 def name(field: str, value: Any, max_length: int = MAX_NAME_LENGTH) -> str:
@@ -75,19 +80,38 @@ def event_ids(value: Any) -> list[int]:
 
 
 def duration(field: str, value: Any) -> dt.timedelta:
-    """A positive timedelta, or a positive number of seconds."""
+    """A positive timedelta, or a positive finite number of seconds, of at most
+    :data:`MAX_DURATION` (longer ones would push instants out of DATETIME's range)."""
     if isinstance(value, dt.timedelta):
         result = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise InvalidEventError(f"{field} must be a finite number of seconds")
+        if value <= 0:
+            raise InvalidEventError(f"{field} must be positive, not {value!r}")
+        if value > MAX_DURATION_SECONDS:  # also keeps timedelta() from overflowing
+            raise InvalidEventError(f"{field} must be at most {MAX_DURATION_TEXT}")
         result = dt.timedelta(seconds=value)
     else:
         raise InvalidEventError(
             f"{field} must be a timedelta or seconds, not {type(value).__name__}")
     if result <= dt.timedelta(0):
         raise InvalidEventError(f"{field} must be positive, not {value!r}")
+    if result > MAX_DURATION:
+        raise InvalidEventError(f"{field} must be at most {MAX_DURATION_TEXT}")
     return result
+
+
+def before(field: str, now: dt.datetime, age: dt.timedelta) -> dt.datetime:
+    """The instant ``age`` before ``now`` (naive UTC), refused when it falls before DATETIME's
+    first year (an injected clock can sit anywhere)."""
+    try:
+        cutoff = now - age
+    except OverflowError:
+        cutoff = dt.datetime.min
+    if cutoff < _MIN_INSTANT:
+        raise InvalidEventError(f"{field} reaches back before the year 1000")
+    return cutoff
 
 
 def flag(field: str, value: Any) -> bool:

@@ -1,84 +1,251 @@
-"""Database URLs for the command line and the contention suite (``mysql://`` only)."""
+"""The database plumbing: ``mysql://`` URLs for the command line and the contention suite, and
+the one rule for a connection that broke (:func:`lost_connection`, :func:`reconnect`).
+
+A URL's password is never shown: errors about a URL quote none of its text, and ``str()``
+masks the password (and ``ssl_key_password``).
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import re
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import unquote, urlparse
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import unquote
 
 import peewee as pw
 import pymysql
 
 from ._compat import MySQLDatabase
+from .errors import ConnectionLostError, OutboxError, driver_errno
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/outbox_lite"
 _NAME_RE = re.compile(r"[A-Za-z0-9_$]{1,64}")
+_FORM = ("expected mysql://user[:password]@host[:port]/database[?option=value&...], with "
+         "the user and password percent-encoded (% as %25; / # ? @ may be written as they are)")
 
 
 class DatabaseUrlError(ValueError):
-    """The URL is not ``mysql://user[:password]@host[:port]/database``."""
+    """The URL is not ``mysql://user[:password]@host[:port]/database[?options]``."""
+
+
+class DatabaseExistsError(OutboxError):
+    """The database to create for a run exists already (and may hold someone's data)."""
+
+
+# ---------------------------------------------------------------------------
+# URLs
+# ---------------------------------------------------------------------------
+
+# Everything after the userinfo: what a password cannot be confused with, since the
+# userinfo is taken up to the last '@' that leaves such a tail.
+_TAIL_RE = re.compile(
+    r"(?P<host>\[[0-9A-Fa-f:.]*\]|[^:/?#@\[\]]*)"
+    r"(?::(?P<port>[^/?#@]*))?"
+    r"(?:/(?P<name>[^/?#@]*))?"
+    r"(?:\?(?P<query>[^#]*))?")
+_HOST_RE = re.compile(r"[A-Za-z0-9._-]{1,255}|\[[0-9A-Fa-f:.]{2,45}\]")
+_BAD_PERCENT_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_OPTION_NAME_RE = re.compile(r"[A-Za-z_]{1,40}")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_MAX_TIMEOUT = 31_536_000  # PyMySQL's own limit for connect_timeout, one year
+
+
+def _text(name: str, value: str) -> str:
+    if not value:
+        raise DatabaseUrlError(f"URL parameter {name} must not be empty")
+    return value
+
+
+def _flag(name: str, value: str) -> bool:
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise DatabaseUrlError(f"URL parameter {name} must be true or false")
+
+
+def _seconds(name: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= _MAX_TIMEOUT:
+        raise DatabaseUrlError(
+            f"URL parameter {name} must be a number of seconds above 0 and at most "
+            f"{_MAX_TIMEOUT}")
+    return int(seconds) if seconds.is_integer() else seconds
+
+
+def _charset(name: str, value: str) -> str:
+    if value.lower() != "utf8mb4":
+        raise DatabaseUrlError(f"URL parameter {name} must be utf8mb4 (events are stored as it)")
+    return "utf8mb4"
+
+
+#: The query parameters a URL may carry, named as PyMySQL names them, with their readers.
+OPTIONS: dict[str, Callable[[str, str], Any]] = {
+    "ssl_ca": _text, "ssl_cert": _text, "ssl_key": _text, "ssl_key_password": _text,
+    "ssl_verify_cert": _flag, "ssl_verify_identity": _flag, "ssl_disabled": _flag,
+    "charset": _charset, "connect_timeout": _seconds, "read_timeout": _seconds,
+    "write_timeout": _seconds,
+}
+_SECRET_OPTIONS = frozenset({"ssl_key_password"})
+
+
+def _decode(part: str, what: str) -> str:
+    if _BAD_PERCENT_RE.search(part):
+        raise DatabaseUrlError(
+            f"the {what} holds a % that does not start a percent-escape: write % as %25; "
+            f"{_FORM}")
+    try:
+        return unquote(part, errors="strict")
+    except UnicodeDecodeError:
+        raise DatabaseUrlError(f"the {what}'s percent-escapes are not UTF-8; {_FORM}") from None
+
+
+def _options(query: str) -> tuple[tuple[str, Any], ...]:
+    options: dict[str, Any] = {}
+    for item in filter(None, query.split("&")):
+        raw_name, has_value, raw_value = item.partition("=")
+        name = _decode(raw_name, "URL parameter's name")
+        if name not in OPTIONS:
+            shown = name if _OPTION_NAME_RE.fullmatch(name) else "(not a parameter name)"
+            raise DatabaseUrlError(
+                f"unknown URL parameter {shown}; supported: {', '.join(OPTIONS)}")
+        if name in options:
+            raise DatabaseUrlError(f"URL parameter {name} is given twice")
+        if not has_value:
+            raise DatabaseUrlError(f"URL parameter {name} needs a value ({name}=...)")
+        options[name] = OPTIONS[name](name, _decode(raw_value, f"value of {name}"))
+    return tuple(sorted(options.items()))
+
+
+def _split(rest: str) -> tuple[str | None, re.Match[str] | None]:
+    """The userinfo (None when absent) and the tail's match: the userinfo runs to the last
+    '@' that leaves a well-formed tail naming a valid database, so a password may hold
+    unencoded / # ? @ characters."""
+    candidates = [i for i, char in enumerate(rest) if char == "@"][::-1]
+    first: tuple[str | None, re.Match[str] | None] = (None, None)
+    for at in [*candidates, -1]:
+        match = _TAIL_RE.fullmatch(rest[at + 1:])
+        if match is None:
+            continue
+        userinfo = rest[:at] if at >= 0 else None
+        if first[1] is None:
+            first = (userinfo, match)
+        name, port = match["name"], match["port"]
+        if (name and _NAME_RE.fullmatch(name) and (not port or port.isdigit())
+                and (not match["host"] or _HOST_RE.fullmatch(match["host"]))):
+            return userinfo, match
+    return first
 
 
 @dataclass(frozen=True)
 class DatabaseUrl:
+    """A parsed ``mysql://`` URL; ``str()`` never shows the password."""
+
     host: str
     port: int
     user: str
-    password: str
+    password: str = field(repr=False)
     name: str
+    #: (name, value) pairs of the URL's query parameters, PyMySQL connection arguments.
+    options: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def parse(cls, url: str) -> "DatabaseUrl":
-        expected = "expected mysql://user[:password]@host[:port]/database"
-        try:
-            parsed = urlparse(url)
-            port = parsed.port or 3306
-        except ValueError as exc:
-            raise DatabaseUrlError(f"bad database URL ({exc}); {expected}") from None
-        if parsed.scheme != "mysql":
-            raise DatabaseUrlError(f"unsupported URL scheme {parsed.scheme!r}; {expected}")
-        name = parsed.path.lstrip("/")
-        if not _NAME_RE.fullmatch(name):
+        """Read ``mysql://user[:password]@host[:port]/database[?option=value&...]``.
+
+        Raises DatabaseUrlError, whose message quotes no part of ``url``.
+        """
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme.lower() != "mysql":
+            shown = f" {scheme!r}" if sep and _OPTION_NAME_RE.fullmatch(scheme) else ""
+            raise DatabaseUrlError(f"unsupported URL scheme{shown}; {_FORM}")
+        userinfo, match = _split(rest)
+        if match is None:
+            raise DatabaseUrlError(f"bad database URL; {_FORM}")
+        port_text, name = match["port"], match["name"]
+        if port_text and not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
+            raise DatabaseUrlError(f"bad database URL: the port must be a number from 1 to "
+                                   f"65535; {_FORM}")
+        host = match["host"]
+        if host and not _HOST_RE.fullmatch(host):
+            raise DatabaseUrlError(f"bad database URL: the host is not a host name or an IP "
+                                   f"address; {_FORM}")
+        if not name or not _NAME_RE.fullmatch(name):
             raise DatabaseUrlError(
-                f"database name {name!r} must be 1-64 letters, digits, _ or $; {expected}")
-        return cls(host=parsed.hostname or "127.0.0.1", port=port,
-                   user=unquote(parsed.username or "root"),
-                   password=unquote(parsed.password or ""), name=name)
+                f"the database name must be 1-64 letters, digits, _ or $; {_FORM}")
+        user, password = "", ""
+        if userinfo is not None:
+            raw_user, _, raw_password = userinfo.partition(":")
+            user = _decode(raw_user, "user name")
+            password = _decode(raw_password, "password")
+        return cls(host=host.strip("[]") or "127.0.0.1", port=int(port_text or 3306),
+                   user=user or "root", password=password, name=name,
+                   options=_options(match["query"] or ""))
 
     def with_name(self, name: str) -> "DatabaseUrl":
         if not _NAME_RE.fullmatch(name):
             raise DatabaseUrlError(f"bad database name {name!r}")
-        return DatabaseUrl(self.host, self.port, self.user, self.password, name)
+        return DatabaseUrl(self.host, self.port, self.user, self.password, name, self.options)
 
     def __str__(self) -> str:  # never shows the password
         auth = self.user + (":***" if self.password else "")
-        return f"mysql://{auth}@{self.host}:{self.port}/{self.name}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        query = "&".join(f"{k}={'***' if k in _SECRET_OPTIONS else v}" for k, v in self.options)
+        return f"mysql://{auth}@{host}:{self.port}/{self.name}" + (f"?{query}" if query else "")
 
     def _params(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.port, "user": self.user,
-                "password": self.password, "charset": "utf8mb4", "connect_timeout": 5}
+                "password": self.password, "charset": "utf8mb4", "connect_timeout": 5,
+                **dict(self.options)}
 
-    def database(self, **kwargs: Any) -> pw.MySQLDatabase:
-        """A Peewee database for this URL (connects lazily)."""
-        return MySQLDatabase(self.name, **{**self._params(), **kwargs})
+    def database(self, database_class: type[pw.MySQLDatabase] = MySQLDatabase,
+                 **kwargs: Any) -> pw.MySQLDatabase:
+        """A Peewee database for this URL (connects lazily), of ``database_class`` (e.g.
+        PooledMySQLDatabase); ``kwargs`` add to or override the URL's connection options."""
+        return database_class(self.name, **{**self._params(), **kwargs})
 
     def server_connection(self) -> pymysql.connections.Connection:
         """A plain PyMySQL connection to the server, no database selected."""
         return pymysql.connect(autocommit=True, **self._params())
 
-    def create_database(self) -> bool:
-        """Create the database when missing; True when it was created."""
+    def exists(self) -> bool:
+        """Whether the database exists on the server."""
         conn = self.server_connection()
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
                             (self.name,))
-                if cur.fetchone():
-                    return False
-                cur.execute(f"CREATE DATABASE IF NOT EXISTS `{self.name}`"
-                            " CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
-                return True
+                return cur.fetchone() is not None
+        finally:
+            conn.close()
+
+    def create_database(self, *, exclusive: bool = False) -> bool:
+        """Create the database when missing; True when it was created. With ``exclusive``
+        an existing database raises DatabaseExistsError instead. (A user without the right
+        to create databases can still use one that exists.)"""
+        conn = self.server_connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
+                            (self.name,))
+                if cur.fetchone() is None:
+                    try:  # no IF NOT EXISTS: of two runs racing, only one creates it
+                        cur.execute(f"CREATE DATABASE `{self.name}`"
+                                    " CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+                        return True
+                    except pymysql.MySQLError as exc:
+                        if driver_errno(exc) != 1007:  # ER_DB_CREATE_EXISTS
+                            raise
+            if exclusive:
+                raise DatabaseExistsError(f"database {self.name} exists already")
+            return False
         finally:
             conn.close()
 
@@ -89,3 +256,89 @@ class DatabaseUrl:
                 cur.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
         finally:
             conn.close()
+
+
+# ---------------------------------------------------------------------------
+# Broken connections
+# ---------------------------------------------------------------------------
+
+#: What a caller catches for a broken or missing connection: ConnectionLostError from the
+#: repository's calls; Peewee's OperationalError and InterfaceError from the caller's own
+#: statements and from ``atomic()``, whose BEGIN, COMMIT or ROLLBACK meets the dead
+#: connection (a ROLLBACK after a lost connection raises ``InterfaceError(0, '')``).
+CONNECTION_ERRORS: tuple[type[Exception], ...] = (
+    ConnectionLostError, pw.OperationalError, pw.InterfaceError)
+
+#: Driver errors that mean the connection is gone: server gone away / lost during a query /
+#: lost reading the handshake (2006, 2013, 2055), killed (MariaDB 1927), disconnected for
+#: inactivity (MySQL 4031).
+_LOST = frozenset({2006, 2013, 2055, 1927, 4031})
+#: Driver errors that mean no connection could be opened: the server is not reachable.
+_UNREACHABLE = frozenset({2002, 2003})
+
+
+def _drop(database: pw.Database) -> None:
+    """Forget the calling thread's connection (a dead one may complain while closing)."""
+    try:
+        database.close()  # resets Peewee's connection state even when it raises
+    except Exception:  # noqa: BLE001 - closing a dead connection may fail in many ways
+        logger.debug("closing a broken connection failed", exc_info=True)
+
+
+def lost_connection(database: pw.Database, exc: Exception) -> ConnectionLostError | None:
+    """The ConnectionLostError to raise for a driver error ``exc`` that means there is no
+    working connection, or None when ``exc`` means something else.
+
+    Outside a transaction the broken connection is dropped first, so that with
+    ``autoconnect=True`` the next call opens a new one; inside one it is left to the
+    caller's ``atomic()`` block, which must end. The message says what to do next.
+    """
+    errno = driver_errno(exc)
+    never_opened = (isinstance(exc, pw.InterfaceError) and database.is_closed()
+                    and not getattr(database, "deferred", False))
+    if never_opened:
+        return ConnectionLostError(
+            "no connection to the server is open and the database was made with "
+            "autoconnect=False: call database.connect() (or outbox_lite.reconnect(database))"
+            " before using the outbox")
+    if errno in _UNREACHABLE:
+        return ConnectionLostError(f"cannot reach the server ({exc}); try again later")
+    if not (errno in _LOST or isinstance(exc, pw.InterfaceError)):
+        return None
+    if database.in_transaction():
+        return ConnectionLostError(
+            f"lost the connection to the server inside a transaction ({exc}); the server "
+            "rolled the transaction back: let the atomic() block end (Peewee's ROLLBACK on "
+            "the dead connection raises peewee.InterfaceError), call "
+            "outbox_lite.reconnect(database), then retry the whole transaction")
+    _drop(database)
+    if getattr(database, "autoconnect", True):
+        return ConnectionLostError(
+            f"lost the connection to the server ({exc}); the next call opens a new one")
+    return ConnectionLostError(
+        f"lost the connection to the server ({exc}); the database was made with "
+        "autoconnect=False: call database.connect() (or outbox_lite.reconnect(database)) "
+        "before the next call")
+
+
+def reconnect(database: pw.Database) -> bool:
+    """Replace the calling thread's connection to ``database`` with a new one, after one of
+    :data:`CONNECTION_ERRORS`. Returns True when connected, False when the server cannot be
+    reached (or refuses the login) yet: call it again later.
+
+    Works alike for ``autoconnect=True`` and ``False``, for pooled databases (a dead pooled
+    connection is discarded when the pool next hands it out) and for ReconnectMixin. Call
+    it outside any transaction: the caller's ``atomic()`` block must have ended (raises
+    OutboxError otherwise, changing nothing).
+    """
+    if database.in_transaction():
+        raise OutboxError(
+            "reconnect() runs outside a transaction: let the atomic() block end first")
+    _drop(database)
+    try:
+        database.connect()
+    except (pw.OperationalError, pw.InterfaceError) as exc:
+        logger.warning("reconnecting failed: %s", exc)
+        _drop(database)
+        return False
+    return True

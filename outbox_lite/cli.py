@@ -10,23 +10,27 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import math
 import os
 import platform
+import re
 import sys
 from importlib import metadata
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, NoReturn, Sequence
 
 import peewee as pw
 import pymysql
 
-from . import __version__
+from . import __version__, _checks
 from . import migrate as schema
-from ._db import DEFAULT_URL, DatabaseUrl, DatabaseUrlError
+from ._db import DEFAULT_URL, DatabaseExistsError, DatabaseUrl, DatabaseUrlError
 from .errors import OutboxError, driver_errno
+from .models import MAX_ERROR_CODE_LENGTH, OutboxStatus
 from .payload import redact
 from .repository import OutboxRepository
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a command ended by SIGPIPE (128 + 13)
 
 _SERVER_ERRORS = {
     1044: "access denied to database {url.name} for user {url.user}",
@@ -37,23 +41,118 @@ _SERVER_ERRORS = {
     2003: "cannot reach the MySQL server at {url.host}:{url.port}",
     2005: "unknown MySQL server host {url.host}",
 }
+#: "CREATE command denied to user 'app'@'host' for table `db`.`t`" (MariaDB; MySQL: 't').
+_DENIED_RE = re.compile(r"(\w+) command denied to user '([^']*)'@'[^']*' for table "
+                        r"[`']?(?:[^`'.]*[`']?\.[`']?)?([^`'.]+)[`']?")
+_GRANTS = "see 'Schema, migrations and grants' in the README"
+_PRIVILEGE_HINTS = {
+    "migrate": "migrate needs SELECT on {history} to see that nothing is pending, and "
+               "CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the database "
+               "to apply migrations; " + _GRANTS,
+}
 
 
 class CommandError(Exception):
     """A failure the command reports in one line."""
 
 
-def _describe(exc: BaseException, url: DatabaseUrl | None) -> str:
-    errno = driver_errno(exc)
+class UsageError(ValueError):
+    """Flags that do not fit together (exit status 2, like argparse's own errors)."""
+
+
+def _describe(exc: BaseException, url: DatabaseUrl | None, command: str) -> str:
+    # Our errors chain the driver's (a ConnectionLostError from 2003, say): read its number.
+    driver = exc.__cause__ if isinstance(exc, OutboxError) and exc.__cause__ else exc
+    errno = driver_errno(driver)
+    if errno in (1142, 1143):  # a table (or column) privilege is missing
+        denied = _DENIED_RE.search(str(getattr(driver, "orig", driver)))
+        if denied:
+            what, user, table = denied.groups()
+            hint = _PRIVILEGE_HINTS.get(command, _GRANTS).format(history=schema.HISTORY_TABLE)
+            return f"user {user} lacks the {what} privilege on table {table}: {hint}"
     if url is not None and errno in _SERVER_ERRORS:
         return _SERVER_ERRORS[errno].format(url=url)
     orig = getattr(exc, "orig", exc)
     return redact(str(orig) or type(orig).__name__)
 
 
+# ---------------------------------------------------------------------------
+# Flags and OUTBOX_* variables to the library's arguments: the one place
+# ---------------------------------------------------------------------------
+
 def _url(args: argparse.Namespace) -> DatabaseUrl:
     raw = args.database_url or os.environ.get("OUTBOX_DATABASE_URL") or DEFAULT_URL
     return DatabaseUrl.parse(raw)
+
+
+class Age(NamedTuple):
+    """A duration as the user wrote it (``7d``) and as a timedelta."""
+
+    text: str
+    delta: dt.timedelta
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_UNIT_HELP = "s, m, h, d or w (seconds, minutes, hours, days, weeks)"
+
+
+def _age(text: str) -> Age:
+    """"90s", "15m", "12h", "7d", "2w": a unit is required (a bare 7 could mean anything)."""
+    text = text.strip()
+    number, unit = (text[:-1], text[-1].lower()) if text[-1:].lower() in _UNITS else (text, "")
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration like 90s, 15m, 12h, 7d or 2w") from None
+    if not unit and math.isfinite(value):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} needs a unit: {text}s, {text}m, {text}h, {text}d or {text}w")
+    return Age(f"{number}{unit}", _checked_duration(text, value * _UNITS.get(unit, 1)))
+
+
+def _checked_duration(text: str, seconds: float) -> dt.timedelta:
+    """What the library's duration check allows, said in the command's words."""
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite duration")
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    if seconds > _checks.MAX_DURATION_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is longer than the limit, {_checks.MAX_DURATION_TEXT}")
+    return dt.timedelta(seconds=seconds)
+
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds, e.g. 300 or 0.5."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    _checked_duration(text, value)
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _event_id(text: str) -> int:
+    try:
+        return _checks.event_id(int(text))
+    except (ValueError, OutboxError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an event id (a whole number from 1)") from None
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
 
 
 # ---------------------------------------------------------------------------
@@ -62,16 +161,23 @@ def _url(args: argparse.Namespace) -> DatabaseUrl:
 
 def _cmd_migrate(args: argparse.Namespace, url: DatabaseUrl) -> int:
     if args.rollback:
+        if not url.exists():  # never create anything to undo nothing
+            print(f"nothing to roll back: database {url.name} does not exist")
+            return EXIT_OK
         database = url.database()
-        name = schema.rollback(database)
-        database.close()
+        try:
+            name = schema.rollback(database)
+        finally:
+            database.close()
         print(f"rolled back {name}" if name else "nothing to roll back")
         return EXIT_OK
     if url.create_database():
         print(f"created database {url.name}")
     database = url.database()
-    applied = schema.migrate(database)
-    database.close()
+    try:
+        applied = schema.migrate(database)
+    finally:
+        database.close()
     print("applied " + ", ".join(applied) if applied else f"{url.name} is up to date")
     return EXIT_OK
 
@@ -86,8 +192,13 @@ def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
     target = url.with_name(f"{url.name}_contention")
     suite = ContentionSuite(target, workers=args.workers, events=args.events,
                             batch_size=args.batch_size, max_attempts=args.max_attempts,
-                            keep=args.keep, progress=progress)
-    results = suite.run(args.scenario or _all_scenarios())
+                            keep=args.keep, force=args.force, progress=progress)
+    try:
+        results = suite.run(args.scenario or _all_scenarios())
+    except DatabaseExistsError:
+        raise CommandError(
+            f"database {target.name} exists already and the suite would replace it: drop "
+            "it yourself, or pass --force to let the suite drop and re-create it") from None
     if args.json:
         print(json.dumps({"database": str(target), "workers": args.workers,
                           "events": args.events, "batch_size": args.batch_size,
@@ -123,33 +234,67 @@ def _cmd_stats(args: argparse.Namespace, url: DatabaseUrl) -> int:
     return EXIT_OK
 
 
-def _cmd_requeue(args: argparse.Namespace, url: DatabaseUrl) -> int:
+def _dead_letter_count(repo: OutboxRepository, ids: list[int] | None,
+                       error_code: str | None) -> int:
+    """How many dead letters the selection names (what a dry run reports)."""
+    model = repo.model
+    query = model.select().where(model.status == OutboxStatus.FAILED.value)
+    if ids is not None:
+        query = query.where(model.id.in_(_checks.event_ids(ids)))
+    if error_code is not None:
+        error_code = _checks.name("error_code", error_code, MAX_ERROR_CODE_LENGTH)
+        query = query.where(model.last_error_code == error_code)
+    return int(query.count())
+
+
+def _cmd_dead_letters(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    ids = sorted(set(args.id)) if args.id else None
+    code = args.error_code
+    if args.all and (ids or code is not None):
+        raise UsageError("--all selects every dead letter: give --all, or --id/--error-code")
+    if args.action == "delete" and not (args.all or ids or code is not None):
+        raise UsageError("--delete needs the dead letters named: --id N ..., "
+                         "--error-code CODE, or --all for every one")
     with _repository(url) as repo:
-        moved = repo.requeue_failed(args.id, error_code=args.error_code)
-    print(f"requeued {moved} dead letters")
+        if args.dry_run:
+            changed = _dead_letter_count(repo, ids, code)
+        elif args.action == "requeue":
+            changed = repo.requeue_failed(ids, error_code=code)
+        else:
+            changed = repo.delete_failed(ids, error_code=code)
+    done = {"requeue": "requeued", "delete": "deleted"}[args.action]
+    line = (f"would {args.action} " if args.dry_run else f"{done} ") + _plural(changed,
+                                                                             "dead letter")
+    with_code = "" if code is None else f" with last_error_code {code}"
+    if ids is not None and changed < len(ids):
+        missing = len(ids) - changed
+        line += (f"; {missing} of the {_plural(len(ids), 'given id')} "
+                 f"{'is not a dead letter' if missing == 1 else 'are not dead letters'}"
+                 f"{with_code} (missing, or not failed)")
+    elif changed == 0 and code is not None:
+        line += f" (no dead letter has last_error_code {code})"
+    print(line + (" (dry run: nothing changed)" if args.dry_run else ""))
     return EXIT_OK
 
 
 def _cmd_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    age: Age = args.older_than
     with _repository(url) as repo:
-        deleted = repo.purge_published(args.older_than, batch_size=args.batch_size)
-    print(f"purged {deleted} published events older than {args.older_than}")
+        if args.dry_run:
+            model = repo.model
+            cutoff = _checks.before("older_than", _checks.instant("clock()", repo.clock()),
+                                    age.delta)
+            deleted = int(model.select().where(
+                (model.status == OutboxStatus.PUBLISHED.value)
+                & (model.published_at < cutoff)).count())
+        else:
+            deleted = repo.purge_published(age.delta, batch_size=args.batch_size)
+    events = _plural(deleted, "published event")
+    if args.dry_run:
+        print(f"would purge {events} older than {age.text} (dry run: nothing changed)")
+    else:
+        print(f"purged {events} older than {age.text}")
     return EXIT_OK
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def _duration(text: str) -> dt.timedelta:
-    """"90", "90s", "15m", "12h" or "7d"."""
-    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
-    try:
-        value = float(number)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 15m, 12h, 7d")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return dt.timedelta(seconds=value * _UNITS[unit])
 
 
 def _all_scenarios() -> tuple[str, ...]:
@@ -157,11 +302,15 @@ def _all_scenarios() -> tuple[str, ...]:
     return SCENARIOS
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+# ---------------------------------------------------------------------------
+# The parser
+# ---------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line too (argparse prints the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def version_line() -> str:
@@ -187,12 +336,41 @@ class _Version(argparse.Action):
 def _add_database_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url", metavar="URL",
-        help="mysql://user[:password]@host[:port]/database "
-             f"(default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})")
+        help="mysql://user[:password]@host[:port]/database[?option=value&...] "
+             f"(default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL}). Percent-encode the user "
+             "and password (%% as %%25); options: " + ", ".join(_url_options()))
+
+
+def _url_options() -> list[str]:
+    from ._db import OPTIONS
+    return list(OPTIONS)
+
+
+def _add_dead_letter_flags(parser: argparse.ArgumentParser, *, action: str | None) -> None:
+    _add_database_flag(parser)
+    if action is None:
+        what = parser.add_mutually_exclusive_group(required=True)
+        what.add_argument("--requeue", dest="action", action="store_const", const="requeue",
+                          help="move them back to pending with attempt_count 0")
+        what.add_argument("--delete", dest="action", action="store_const", const="delete",
+                          help="delete them for good (they are never published)")
+    else:
+        parser.set_defaults(action=action)
+    parser.add_argument("--id", type=_event_id, action="extend", nargs="+", metavar="EVENT_ID",
+                        help="only these events (repeatable; ids that are not dead letters "
+                             "are left alone and counted in the report)")
+    parser.add_argument("--error-code", metavar="CODE",
+                        help="only dead letters whose last_error_code is CODE")
+    parser.add_argument("--all", action="store_true",
+                        help="every dead letter (required for --delete when no --id or "
+                             "--error-code is given)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="say how many would change, change nothing")
+    parser.set_defaults(handler=_cmd_dead_letters)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="outbox-lite", description="Transactional outbox tools for MySQL/MariaDB.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     parser.add_argument("--version", action=_Version,
@@ -202,8 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser(
         "migrate", help="apply pending schema migrations (creates the database if missing)",
-        description="Apply pending migrations; a second run is a no-op. "
-                    "--rollback undoes the last applied migration instead.")
+        description="Apply pending migrations; a second run is a no-op (a user with SELECT "
+                    f"on {schema.HISTORY_TABLE} and no DDL rights can run it to check). "
+                    "--rollback undoes the last applied migration instead, and changes "
+                    "nothing on a database never migrated.")
     _add_database_flag(p)
     p.add_argument("--rollback", action="store_true", help="undo the last applied migration")
     p.set_defaults(handler=_cmd_migrate)
@@ -211,9 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser(
         "contention", help="run the multi-worker lock contention suite",
         description="Worker threads, each on its own connection, race over an outbox seeded "
-                    "in a fresh database named <database>_contention (dropped afterwards "
-                    "unless --keep). Each scenario checks its invariants against the "
-                    "database; the exit status is 1 when one breaks.")
+                    "in a database of its own, <database>_contention, which it creates and "
+                    "drops afterwards (unless --keep). When that database exists already it "
+                    "refuses to run, unless --force lets it drop and re-create it. Each "
+                    "scenario checks its invariants against the database; the exit status "
+                    "is 1 when one breaks.")
     _add_database_flag(p)
     p.add_argument("--scenario", action="append", choices=_all_scenarios(),
                    help="run only this scenario (repeatable; default: all, in order)")
@@ -226,35 +408,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=_positive, default=3,
                    help="attempts before a dead letter, for crash/retry (default: 3)")
     p.add_argument("--keep", action="store_true", help="keep the contention database")
+    p.add_argument("--force", action="store_true",
+                   help="drop and re-create <database>_contention when it exists already")
     p.add_argument("--json", action="store_true", help="print one JSON document, no table")
     p.set_defaults(handler=_cmd_contention)
 
     p = commands.add_parser("stats", help="counts per status, lag, stuck claims, dead letters")
     _add_database_flag(p)
-    p.add_argument("--lock-timeout", type=float, default=300.0, metavar="SECONDS",
+    p.add_argument("--lock-timeout", type=_seconds, default=300.0, metavar="SECONDS",
                    help="count claims older than this as expired (default: 300)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(handler=_cmd_stats)
 
-    p = commands.add_parser("requeue", help="move dead letters back to pending",
-                            description="Move failed events back to pending with "
-                                        "attempt_count 0: all of them, or those selected by "
-                                        "--id and/or --error-code.")
-    _add_database_flag(p)
-    p.add_argument("--id", type=_positive, action="append", metavar="EVENT_ID",
-                   help="requeue this event (repeatable)")
-    p.add_argument("--error-code", metavar="CODE",
-                   help="requeue only dead letters whose last_error_code is CODE")
-    p.set_defaults(handler=_cmd_requeue)
+    p = commands.add_parser(
+        "dead-letters", help="requeue or delete dead letters (failed events)",
+        description="--requeue moves failed events back to pending with attempt_count 0; "
+                    "--delete removes them for good. Both act on every dead letter, or on "
+                    "those selected by --id and/or --error-code; --delete of every one "
+                    "needs --all. --dry-run says how many would change.")
+    _add_dead_letter_flags(p, action=None)
+
+    p = commands.add_parser(
+        "requeue", help="the same as: dead-letters --requeue",
+        description="Move failed events back to pending with attempt_count 0: all of them, "
+                    "or those selected by --id and/or --error-code. The same as "
+                    "outbox-lite dead-letters --requeue.")
+    _add_dead_letter_flags(p, action="requeue")
 
     p = commands.add_parser("purge", help="delete old published events in bounded batches")
     _add_database_flag(p)
-    p.add_argument("--older-than", type=_duration, required=True, metavar="AGE",
-                   help="delete events published longer ago than AGE (90s, 15m, 12h, 7d)")
+    p.add_argument("--older-than", type=_age, required=True, metavar="AGE",
+                   help="delete events published longer ago than AGE, a number with a unit: "
+                        f"{_UNIT_HELP}, e.g. 90s, 12h, 7d (a bare number is refused)")
     p.add_argument("--batch-size", type=_positive, default=1000,
                    help="rows per DELETE statement, each committed alone (default: 1000)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say how many would be deleted, delete nothing")
     p.set_defaults(handler=_cmd_purge)
     return parser
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: send what is left to /dev/null, so the interpreter's last flush
+    at exit finds nothing to complain about."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -269,16 +470,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace, DatabaseUrl], int] = args.handler
     try:
         url = _url(args)
-        return handler(args, url)
-    except DatabaseUrlError as exc:
-        print(f"outbox-lite: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ValueError as exc:
+        status = handler(args, url)
+        sys.stdout.flush()  # a broken pipe surfaces here, not at the interpreter's exit
+        return status
+    except BrokenPipeError:  # the reader went away (stats | head -1): nothing to say
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except (DatabaseUrlError, ValueError) as exc:
         print(f"outbox-lite: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (CommandError, OutboxError, pw.PeeweeException, pymysql.MySQLError, OSError,
             RuntimeError) as exc:
-        print(f"outbox-lite: error: {_describe(exc, url)}", file=sys.stderr)
+        print(f"outbox-lite: error: {_describe(exc, url, args.command)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("outbox-lite: interrupted", file=sys.stderr)

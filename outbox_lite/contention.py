@@ -161,6 +161,7 @@ class ContentionSuite:
         max_attempts: int = 3,
         lock_timeout: float = 30.0,
         keep: bool = False,
+        force: bool = False,
         repository_factory: Callable[..., OutboxRepository] | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
@@ -173,6 +174,7 @@ class ContentionSuite:
         self.max_attempts = max_attempts
         self.lock_timeout = dt.timedelta(seconds=lock_timeout)
         self.keep = keep
+        self.force = force
         self.factory = repository_factory or self._default_factory
         self.progress = progress or (lambda message: None)
         self.clock = SuiteClock()
@@ -197,8 +199,12 @@ class ContentionSuite:
         unknown = sorted(set(scenarios) - set(_REGISTRY))
         if unknown:
             raise ValueError(f"unknown scenario(s): {', '.join(unknown)}")
-        self.url.drop_database()
-        self.url.create_database()
+        # The run creates its database and drops only that one (unless keep). One that exists
+        # already raises DatabaseExistsError and is left alone, unless force lets the run
+        # drop it and create its own.
+        if self.force:
+            self.url.drop_database()
+        self.url.create_database(exclusive=True)
         try:
             schema.migrate(self.database)
             for create in _TABLES.values():

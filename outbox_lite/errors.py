@@ -7,7 +7,7 @@ class OutboxError(Exception): """Base class of every error outbox_lite raises.""
 class TransactionRequiredError(OutboxError): """A method that needs the caller's transaction ran outside one."""
 class InvalidEventError(OutboxError, ValueError): """An argument is of the wrong type, empty, too long or out of range."""
 class PayloadError(InvalidEventError): """The payload is not a JSON object or array within the size limit."""
-class ConnectionLostError(OutboxError): """The connection to the server broke; the next call reconnects."""
+class ConnectionLostError(OutboxError): """No working connection to the server (lost, never opened, unreachable); the message says what reconnects."""
 
 
 class CredentialInPayloadError(PayloadError):

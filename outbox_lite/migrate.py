@@ -1,7 +1,9 @@
 """Apply and undo outbox_lite's schema migrations (peewee-migrate, isolated history).
 
 The history lives in its own table, ``outbox_lite_migrations``, through a history model made
-per run, so a host service that uses peewee-migrate too never reads or writes ours.
+per run, so a host service that uses peewee-migrate too never reads or writes ours. The table
+is created only when a migration is applied, and only when it is missing: a user with nothing
+but SELECT on it can check that the schema is up to date.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import logging
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import peewee as pw
 from peewee_migrate import Router
@@ -28,8 +31,20 @@ def migrations_dir() -> Path:
     raise FileNotFoundError("outbox_lite's migrations are missing from this installation")
 
 
+class _RouterLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """peewee-migrate's messages at the level they deserve: a rollback that worked is news
+    (INFO), not a WARNING; a failure is raised to the caller, so its traceback is DEBUG."""
+
+    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self.info(msg, *args, **kwargs)
+
+    def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        self.debug(msg, *args, exc_info=exc_info, **kwargs)
+
+
 class _Router(Router):
-    """A Router whose history model belongs to it alone (peewee-migrate shares one class)."""
+    """A Router whose history model belongs to it alone (peewee-migrate shares one class),
+    and which creates the history table only to record a migration."""
 
     @cached_property
     def model(self) -> type[MigrateHistory]:  # type: ignore[override]
@@ -37,24 +52,41 @@ class _Router(Router):
             database = self.database
             table_name = self.migrate_table
 
-        history: type[MigrateHistory] = type(
-            "OutboxLiteMigrateHistory", (MigrateHistory,), {"Meta": Meta})
-        history.create_table(safe=True)
-        return history
+        return type("OutboxLiteMigrateHistory", (MigrateHistory,), {"Meta": Meta})
+
+    @property
+    def done(self) -> list[str]:
+        if not _has_history(self.database):
+            return []
+        return super().done
+
+    def run_one(self, name: str, migrator: Any, **kwargs: Any) -> str:
+        if not kwargs.get("fake", True) and not _has_history(self.database):
+            self.model.create_table()
+        return super().run_one(name, migrator, **kwargs)
+
+
+def _has_history(database: Any) -> bool:
+    return bool(database.table_exists(HISTORY_TABLE))
 
 
 def _router(database: pw.Database) -> Router:
     return _Router(database, migrate_dir=migrations_dir(), migrate_table=HISTORY_TABLE,
-                   logger=logger)
+                   logger=_RouterLog(logger, {}))
 
 
 def migrate(database: pw.Database) -> list[str]:
-    """Apply pending migrations to ``database``; returns their names ([] when up to date)."""
+    """Apply pending migrations to ``database``; returns their names ([] when up to date).
+
+    When nothing is pending it only reads the history table, so a user with SELECT on it
+    (and no DDL rights) gets [] rather than an error.
+    """
     return _router(database).run()
 
 
 def rollback(database: pw.Database) -> str | None:
-    """Undo the last applied migration; returns its name, or None when none is applied."""
+    """Undo the last applied migration; returns its name, or None when none is applied (a
+    database never migrated is left exactly as it is)."""
     router = _router(database)
     done = router.done
     if not done:

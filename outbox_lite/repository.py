@@ -21,9 +21,9 @@ import peewee as pw
 
 from . import _checks
 from . import _sql as sql
+from ._db import lost_connection
 from .backoff import Backoff
 from .errors import (
-    ConnectionLostError,
     DuplicateEventError,
     InvalidEventError,
     LockConflictError,
@@ -38,7 +38,6 @@ from .models import (
     OutboxStatus,
     UTCDateTimeField,
     bind_model,
-    to_utc,
 )
 from .payload import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload, redact
 
@@ -109,8 +108,10 @@ class OutboxRepository:
         allowed_payload_keys: Collection[str] = (),
         claim_window: int = 4,
     ) -> None:
-        if not isinstance(database, pw.Database):
-            raise TypeError(f"database must be a peewee Database, not {type(database).__name__}")
+        if not isinstance(database, pw.MySQLDatabase):
+            raise TypeError(
+                "database must be a peewee MySQLDatabase (or a subclass: pooled, ReconnectMixin,"
+                f" ...) for MySQL or MariaDB, not {type(database).__name__}")
         self.database = database
         self.max_attempts = _checks.positive_int("max_attempts", max_attempts, 1_000)
         self.backoff = backoff if backoff is not None else Backoff()
@@ -119,8 +120,10 @@ class OutboxRepository:
         if not callable(clock):
             raise TypeError("clock must be a callable returning an aware datetime")
         self.clock = clock
-        self._now: Callable[[], dt.datetime] = (
-            _naive_utc_now if clock is _utc_now else lambda: to_utc(self.clock()))
+        self._now: Callable[[], dt.datetime] = _naive_utc_now
+        if clock is not _utc_now:  # checked now, and on every reading (the default is right)
+            self._now = lambda: _checks.instant("clock()", self.clock())
+            self._now()
         self.max_payload_bytes = _checks.positive_int("max_payload_bytes", max_payload_bytes)
         if isinstance(allowed_payload_keys, str):
             raise TypeError("allowed_payload_keys must be a collection of key names")
@@ -148,21 +151,10 @@ class OutboxRepository:
             errno = driver_errno(exc)
             if errno in (1205, 1213):
                 raise LockConflictError(errno, str(getattr(exc, "orig", exc))) from exc
-            if isinstance(exc, pw.InterfaceError) or errno in (2006, 2013, 2055):
-                self._forget_connection()
-                raise ConnectionLostError(
-                    f"lost the connection to the server ({exc}); "
-                    "the next call outside a transaction reconnects") from exc
+            lost = lost_connection(self.database, exc)
+            if lost is not None:
+                raise lost from exc
             raise
-
-    def _forget_connection(self) -> None:
-        # Inside the caller's transaction the caller's atomic() must see the failure and end
-        # it; outside one, drop the dead connection so Peewee opens a new one on next use.
-        if not self.database.in_transaction():
-            try:
-                self.database.close()  # resets Peewee's connection state even when it raises
-            except Exception:  # noqa: BLE001 - closing a dead connection may complain
-                logger.debug("closing a lost connection failed", exc_info=True)
 
     def _event(self, row: Sequence[Any], changes: dict[str, Any] | None = None) -> OutboxEvent:
         """An event from a row of :data:`COLUMNS` (with ``changes`` applied), read as
@@ -422,7 +414,7 @@ class OutboxRepository:
         """
         timeout = _checks.duration("lock_timeout", lock_timeout)
         now = self._now()
-        cutoff = now - timeout
+        cutoff = _checks.before("lock_timeout", now, timeout)
         released = 0
         for ids in self._pages(sql.BY_LOCKED_AT, sql.EXPIRED, (cutoff,), "locked_at", _CHUNK,
                                caller_changes_rows=True):
@@ -483,7 +475,7 @@ class OutboxRepository:
         """
         age = _checks.duration("older_than", older_than)
         batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
-        cutoff = self._now() - age
+        cutoff = _checks.before("older_than", self._now(), age)
         deleted = 0
         for ids in self._pages(sql.BY_STATUS, sql.OLD_PUBLISHED, (cutoff,), "available_at",
                                batch_size, caller_changes_rows=True):
@@ -500,12 +492,14 @@ class OutboxRepository:
         timeout = None if lock_timeout is None else _checks.duration("lock_timeout",
                                                                       lock_timeout)
         now = self._now()
+        expired_before = None if timeout is None else _checks.before("lock_timeout", now,
+                                                                      timeout)
         counts = {status.value: 0 for status in OutboxStatus}
         counts.update(self._execute(sql.COUNT_BY_STATUS, ()).fetchall())
         oldest = self._execute(sql.OLDEST_DISPATCHABLE, (now,)).fetchone()[0]
         expired = None
-        if timeout is not None:
-            expired = self._execute(sql.COUNT_EXPIRED, (now - timeout,)).fetchone()[0]
+        if expired_before is not None:
+            expired = self._execute(sql.COUNT_EXPIRED, (expired_before,)).fetchone()[0]
         dead = dict(self._execute(sql.DEAD_BY_CODE, ()).fetchall())
         held_back = self._execute(sql.HELD_BACK, ()).fetchone()[0] if dead else 0
         return OutboxStats(counts=counts,

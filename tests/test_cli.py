@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from outbox_lite._db import DatabaseUrl, DatabaseUrlError
 from outbox_lite.cli import main
 
 from conftest import TEST_URL
@@ -82,3 +84,250 @@ def test_help_explains_every_flag():
     assert result.returncode == 0
     for flag in ("--database-url", "--rollback"):
         assert flag in result.stdout
+
+
+# ---------------------------------------------------------------------------
+# URLs: no error shows any part of a password; query parameters
+# ---------------------------------------------------------------------------
+
+PASSWORDS = ["S3cr/3tPass", "S3cr#3tPass", "S3cr?3tPass", "S3cr@3tPass", "S3cr:3tPass",
+             "S3cr%3tPass", "a/b#c?d@e:f%g", "p@ss/w0rd?ssl_ca=x#frag"]
+
+
+def _fragments(password):
+    """Every piece of the password a leaky message could show (4+ characters)."""
+    pieces = re.split(r"[/#?@:%]", password) + [password]
+    return [p for p in pieces if len(p) >= 4]
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+@pytest.mark.parametrize("tail", ["127.0.0.1:1/outbox_x", "127.0.0.1:notaport/outbox_x",
+                                  "127.0.0.1/bad-name", "127.0.0.1/outbox_x?nope=1",
+                                  "127.0.0.1/outbox_x?connect_timeout=abc", "[zz/outbox_x"])
+def test_no_url_error_shows_any_part_of_the_password(password, tail):
+    result = _run("--database-url", f"mysql://app:{password}@{tail}")
+    assert result.returncode in (1, 2)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for piece in _fragments(password):
+        assert piece not in result.stderr + result.stdout, (piece, result.stderr)
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+def test_unencoded_and_percent_encoded_passwords_both_parse(password):
+    from urllib.parse import quote
+    encoded = DatabaseUrl.parse(f"mysql://app:{quote(password, safe='')}@db.example:3307/app")
+    assert (encoded.user, encoded.password, encoded.host, encoded.port, encoded.name) == (
+        "app", password, "db.example", 3307, "app")
+    if "%" not in password:  # a bare % must be written %25; the rest may stay as they are
+        assert DatabaseUrl.parse(f"mysql://app:{password}@db.example:3307/app") == encoded
+    for text in (str(encoded), repr(encoded)):
+        assert all(piece not in text for piece in _fragments(password)), text
+
+
+def test_a_bare_percent_in_the_password_is_refused_without_showing_it():
+    with pytest.raises(DatabaseUrlError, match="write % as %25") as info:
+        DatabaseUrl.parse("mysql://app:S3cr%zzPass@h/db")
+    assert "S3cr" not in str(info.value) and "zzPass" not in str(info.value)
+
+
+def test_url_options_are_pymysql_connection_arguments():
+    url = DatabaseUrl.parse(
+        "mysql://app:pw@db:3306/app?ssl_ca=/etc/ssl/ca.pem&ssl_verify_cert=true"
+        "&ssl_verify_identity=1&ssl_cert=/c.pem&ssl_key=/k.pem&ssl_key_password=K3yPass"
+        "&charset=utf8mb4&connect_timeout=3&read_timeout=30&write_timeout=2.5")
+    database = url.database()
+    params = database.connect_params
+    assert params["ssl_ca"] == "/etc/ssl/ca.pem" and params["ssl_verify_cert"] is True
+    assert params["ssl_verify_identity"] is True and params["ssl_key_password"] == "K3yPass"
+    assert params["connect_timeout"] == 3 and params["write_timeout"] == 2.5
+    assert params["charset"] == "utf8mb4"
+    assert "K3yPass" not in str(url) and "ssl_key_password=***" in str(url)
+    assert url.with_name("other").options == url.options  # the contention suite keeps them
+
+
+@pytest.mark.parametrize("query,words", [
+    ("ssl=true", "unknown URL parameter ssl; supported: ssl_ca"),
+    ("sslmode=require", "unknown URL parameter sslmode"),
+    ("charset=latin1", "charset must be utf8mb4"),
+    ("connect_timeout=0", "connect_timeout must be a number of seconds"),
+    ("ssl_verify_cert=maybe", "ssl_verify_cert must be true or false"),
+    ("ssl_ca=a&ssl_ca=b", "ssl_ca is given twice"),
+    ("ssl_key_password", "ssl_key_password needs a value"),
+])
+def test_unknown_or_bad_url_parameters_are_refused_in_one_line(query, words):
+    result = _run("--database-url", f"mysql://root@127.0.0.1:1/outbox_x?{query}")
+    assert result.returncode == 2
+    assert words in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_tls_option_reaches_the_driver(fresh_url):
+    # The server here has no TLS: a URL that demands a verified certificate must fail to
+    # connect (proof the option is used, not ignored), in one line.
+    raw = (f"mysql://{fresh_url.user}@{fresh_url.host}:{fresh_url.port}/{fresh_url.name}"
+           "?ssl_ca=/nonexistent/ca.pem&ssl_verify_cert=true")
+    result = _run("--database-url", raw)
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not fresh_url.exists()
+
+
+# ---------------------------------------------------------------------------
+# Usage errors, broken pipes
+# ---------------------------------------------------------------------------
+
+def _cli(*args, env=None, **kwargs):
+    return subprocess.run([sys.executable, "-m", "outbox_lite.cli", *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, **kwargs)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["purge", "--older-than", "7"], "'7' needs a unit: 7s, 7m, 7h, 7d or 7w"),
+    (["purge", "--older-than", "99999999d"], "longer than the limit, 36500 days"),
+    (["purge", "--older-than=infd"], "not a finite duration"),
+    (["purge", "--older-than=nanh"], "not a finite duration"),
+    (["purge", "--older-than=-3d"], "must be positive"),
+    (["purge", "--older-than", "7y"], "not a duration like 90s, 15m, 12h, 7d or 2w"),
+    (["stats", "--lock-timeout=1e12"], "longer than the limit"),
+    (["stats", "--lock-timeout=inf"], "not a finite duration"),
+    (["requeue", "--id", "abc"], "'abc' is not an event id"),
+    (["dead-letters", "--requeue", "--id", "0"], "'0' is not an event id"),
+    (["dead-letters", "--delete"], "--delete needs the dead letters named"),
+    (["dead-letters", "--delete", "--all", "--error-code", "x"], "--all selects every"),
+    (["dead-letters", "--id", "3"], "one of the arguments --requeue --delete is required"),
+    (["contention", "--workers", "x"], "'x' is not a whole number"),
+])
+def test_bad_flags_are_one_line_without_internal_names(args, words):
+    result = _cli(*args, env={"OUTBOX_DATABASE_URL": "mysql://root@127.0.0.1:1/outbox_x"})
+    assert result.returncode == 2, result.stderr
+    assert words in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "_positive" not in result.stderr and "_event_id" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_lists_the_duration_units_and_the_url_options():
+    purge = _cli("purge", "--help").stdout
+    assert "s, m, h, d or w" in " ".join(purge.split())
+    assert "bare number is refused" in " ".join(purge.split())
+    stats = " ".join(_cli("stats", "--help").stdout.split())
+    assert "ssl_ca" in stats and "%25" in stats
+
+
+def test_a_broken_pipe_ends_quietly(db_url):
+    # The reader is gone before the command writes (as `stats | head -1` ends early).
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "outbox_lite.cli", "stats",
+                                 "--database-url", _url_of(db_url)],
+                                stdout=write_end, stderr=subprocess.PIPE, cwd=ROOT)
+    finally:
+        os.close(write_end)
+    stderr = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == 141
+    assert stderr == ""  # no traceback, no "Exception ignored", no error line
+
+
+def test_stats_into_head_prints_one_line_and_nothing_else(db_url):
+    result = subprocess.run(f"{sys.executable} -m outbox_lite.cli stats --database-url"
+                            f" '{_url_of(db_url)}' | head -1", shell=True,
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.stdout.startswith("pending") and len(result.stdout.splitlines()) == 1
+    assert result.stderr == ""
+
+
+def _url_of(url):
+    auth = url.user + (f":{url.password}" if url.password else "")
+    return f"mysql://{auth}@{url.host}:{url.port}/{url.name}"
+
+
+# ---------------------------------------------------------------------------
+# migrate: least privilege, and a rollback that changes nothing
+# ---------------------------------------------------------------------------
+
+def _schemas_and_tables(fresh_url):
+    conn = fresh_url.server_connection()
+    with conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = %s",
+                    (fresh_url.name,))
+        schemas = cur.fetchone()[0]
+        cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+                    " ORDER BY table_name", (fresh_url.name,))
+        tables = [row[0] for row in cur.fetchall()]
+    conn.close()
+    return schemas, tables
+
+
+def test_rollback_on_a_database_never_migrated_changes_nothing(fresh_url):
+    raw = _url_of(fresh_url)
+    result = _run("--rollback", "--database-url", raw)
+    assert result.returncode == 0, result.stderr
+    assert "nothing to roll back" in result.stdout
+    assert _schemas_and_tables(fresh_url) == (0, [])  # no database created
+    fresh_url.create_database()
+    result = _run("--rollback", "--database-url", raw)
+    assert result.returncode == 0 and "nothing to roll back" in result.stdout
+    assert _schemas_and_tables(fresh_url) == (1, [])  # no history table created
+
+
+def test_a_rollback_that_works_prints_no_warning(fresh_url):
+    raw = _url_of(fresh_url)
+    assert _run("--database-url", raw).returncode == 0
+    result = _run("--rollback", "--database-url", raw)
+    assert result.returncode == 0
+    assert result.stdout.strip() == "rolled back 002_aggregate_index_published_at"
+    assert result.stderr == ""
+
+
+@pytest.fixture
+def dml_user(fresh_url):
+    user, password = f"ol_dml_{os.getpid()}", "dml-Pass-123"
+    conn = fresh_url.server_connection()
+    with conn.cursor() as cur:
+        cur.execute(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+        cur.execute(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", (password,))
+    yield user, password, conn
+    with conn.cursor() as cur:
+        cur.execute(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+    conn.close()
+
+
+def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
+    user, password, conn = dml_user
+    assert _run("--database-url", _url_of(fresh_url)).returncode == 0  # the migration user
+    with conn.cursor() as cur:
+        cur.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{fresh_url.name}`.outbox_event"
+                    f" TO '{user}'@'127.0.0.1'")
+    raw = f"mysql://{user}:{password}@{fresh_url.host}:{fresh_url.port}/{fresh_url.name}"
+    # It cannot read the history: one line naming the missing privilege, nothing created.
+    result = _run("--database-url", raw)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"outbox-lite: error: user {user} lacks the CREATE privilege on table "
+        "outbox_lite_migrations: migrate needs SELECT on outbox_lite_migrations to see that "
+        "nothing is pending, and CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE "
+        "on the database to apply migrations; see 'Schema, migrations and grants' in the "
+        "README"]
+    assert password not in result.stderr
+    # It can read the history and nothing is pending: up to date, nothing written.
+    with conn.cursor() as cur:
+        cur.execute(f"GRANT SELECT ON `{fresh_url.name}`.outbox_lite_migrations"
+                    f" TO '{user}'@'127.0.0.1'")
+    result = _run("--database-url", raw)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{fresh_url.name} is up to date"
+    assert result.stderr == ""
+    # Something is pending: one line naming what is missing, no traceback, nothing changed.
+    with conn.cursor() as cur:
+        cur.execute(f"DELETE FROM `{fresh_url.name}`.outbox_lite_migrations"
+                    " WHERE name = '002_aggregate_index_published_at'")
+    result = _run("--database-url", raw)
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"user {user} lacks the ALTER privilege on table outbox_event" in result.stderr
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT name FROM `{fresh_url.name}`.outbox_lite_migrations")
+        assert cur.fetchall() == (("001_create_outbox_event",),)

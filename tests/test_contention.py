@@ -157,3 +157,57 @@ def test_cli_refuses_bad_sizes():
     with pytest.raises(SystemExit) as info:
         main(["contention", "--workers", "0"])
     assert info.value.code == 2
+
+
+def _tables(url):
+    conn = url.server_connection()
+    with conn.cursor() as cur:
+        cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+                    " ORDER BY table_name", (url.name,))
+        tables = [row[0] for row in cur.fetchall()]
+    conn.close()
+    return tables
+
+
+def test_an_existing_database_is_refused_and_left_alone(suite_url):
+    from outbox_lite._db import DatabaseExistsError
+    suite_url.create_database()
+    suite_url.database().execute_sql("CREATE TABLE precious (id INT PRIMARY KEY)")
+    with pytest.raises(DatabaseExistsError, match=suite_url.name):
+        ContentionSuite(suite_url, workers=2, events=10).run(["batch"])
+    with pytest.raises(DatabaseExistsError):
+        ContentionSuite(suite_url, workers=2, events=10, keep=True).run(["batch"])
+    assert _tables(suite_url) == ["precious"]  # not dropped, not touched
+
+
+def test_force_replaces_an_existing_database(suite_url):
+    suite_url.create_database()
+    suite_url.database().execute_sql("CREATE TABLE precious (id INT PRIMARY KEY)")
+    [result] = ContentionSuite(suite_url, workers=2, events=10, keep=True,
+                               force=True).run(["batch"])
+    assert result.ok
+    assert "precious" not in _tables(suite_url) and "outbox_event" in _tables(suite_url)
+
+
+def test_cli_refuses_an_existing_contention_database_in_one_line(capsys):
+    name = f"{TEST_URL.name}_cli_exists_{os.getpid()}"
+    target = TEST_URL.with_name(f"{name}_contention")
+    target.drop_database()
+    target.create_database()
+    try:
+        target.database().execute_sql("CREATE TABLE precious (id INT PRIMARY KEY)")
+        url = f"mysql://{TEST_URL.user}@{TEST_URL.host}:{TEST_URL.port}/{name}"
+        args = ["contention", "--database-url", url, "--scenario", "batch", "--workers", "2",
+                "--events", "10", "--json"]
+        assert main(args) == 1
+        err = capsys.readouterr().err
+        assert err.strip() == (
+            f"outbox-lite: error: database {target.name} exists already and the suite would "
+            "replace it: drop it yourself, or pass --force to let the suite drop and "
+            "re-create it")
+        assert _tables(target) == ["precious"]
+        assert main([*args, "--force"]) == 0
+        assert json.loads(capsys.readouterr().out)["ok"] is True
+        assert not target.exists()  # the run's own database, dropped after the run
+    finally:
+        target.drop_database()

@@ -244,3 +244,168 @@ def test_the_documented_migration_grants_are_enough(fetch):
         database.close()
         fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
         target.drop_database()
+
+
+# ---------------------------------------------------------------------------
+# Durations that would overflow the clock arithmetic, and construction checks
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call,field", [
+    (lambda r: r.release_expired_locks(1e12), "lock_timeout"),
+    (lambda r: r.release_expired_locks(10 ** 30), "lock_timeout"),
+    (lambda r: r.release_expired_locks(dt.timedelta.max), "lock_timeout"),
+    (lambda r: r.stats(lock_timeout=1e12), "lock_timeout"),
+    (lambda r: r.stats(lock_timeout=dt.timedelta(days=999_999_999)), "lock_timeout"),
+    (lambda r: r.purge_published(dt.timedelta.max), "older_than"),
+    (lambda r: r.purge_published(float("inf")), "older_than"),
+    (lambda r: r.purge_published(1e300), "older_than"),
+])
+def test_durations_beyond_the_clock_are_invalid_before_any_sql(repo, fetch, clock, call, field):
+    [event_id] = seed(repo, 1)
+    assert repo.mark_processing(event_id, "w")
+    clock.advance(days=365 * 200)  # everything is old: a wrong cutoff would change rows
+    with pytest.raises(InvalidEventError, match=field):
+        call(repo)
+    assert fetch("SELECT status, attempt_count FROM outbox_event") == [
+        {"status": "processing", "attempt_count": 1}]
+
+
+def test_a_duration_reaching_before_the_year_1000_is_invalid(db, fetch):
+    from conftest import FakeClock
+    clock = FakeClock(dt.datetime(1010, 1, 1, tzinfo=dt.timezone.utc))
+    repo = OutboxRepository(db, clock=clock)
+    with pytest.raises(InvalidEventError, match="before the year 1000"):
+        repo.release_expired_locks(dt.timedelta(days=365 * 20))
+    with pytest.raises(InvalidEventError, match="before the year 1000"):
+        repo.purge_published(dt.timedelta(days=365 * 20))
+    assert repo.release_expired_locks(dt.timedelta(days=365)) == 0
+
+
+def test_only_mysql_databases_are_accepted():
+    import peewee as pw
+    from playhouse.pool import PooledMySQLDatabase
+    from playhouse.shortcuts import ReconnectMixin
+
+    class Reconnecting(ReconnectMixin, pw.MySQLDatabase):
+        pass
+
+    for database in (pw.MySQLDatabase("x"), PooledMySQLDatabase("x"), Reconnecting("x")):
+        assert OutboxRepository(database).database is database
+    for database in (pw.SqliteDatabase(":memory:"), pw.PostgresqlDatabase("x")):
+        with pytest.raises(TypeError, match=f"MySQLDatabase.*not {type(database).__name__}"):
+            OutboxRepository(database)
+
+
+@pytest.mark.parametrize("clock,words", [
+    (lambda: dt.datetime(2026, 1, 1), "must be timezone-aware"),
+    (lambda: "2026-01-01", "must be a timezone-aware datetime, not str"),
+    (lambda: dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc), "must lie between years 1000 and 9999"),
+])
+def test_a_bad_clock_is_refused_at_construction(db, clock, words):
+    with pytest.raises(InvalidEventError, match=f"clock\\(\\) {words}"):
+        OutboxRepository(db, clock=clock)
+
+
+def test_a_clock_that_turns_naive_later_is_a_clear_error_before_any_sql(db, fetch):
+    readings = iter([dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)])
+    repo = OutboxRepository(db, clock=lambda: next(readings, dt.datetime(2026, 1, 2)))
+    with pytest.raises(InvalidEventError, match="clock\\(\\) must be timezone-aware"):
+        with db.atomic():
+            repo.create_in_transaction(event_type="e", aggregate_type="a", aggregate_id="1",
+                                       payload={})
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]
+
+
+@pytest.mark.parametrize("options,words", [
+    ({"base": "1"}, "base must be a number, not str"),
+    ({"factor": None}, "factor must be a number, not NoneType"),
+    ({"cap": True}, "cap must be a number, not bool"),
+    ({"jitter": float("nan")}, "jitter must be finite"),
+    ({"cap": 1e12}, "cap must be at most"),
+    ({"random": 0.5}, "random must be a callable"),
+    ({"base": 0}, "base > 0"),
+])
+def test_backoff_options_are_checked(options, words):
+    from outbox_lite import Backoff
+    with pytest.raises(InvalidEventError, match=words):
+        Backoff(**options)
+
+
+def test_backoff_with_a_huge_factor_stays_at_its_cap():
+    from outbox_lite import Backoff
+    backoff = Backoff(base=1, factor=1e10, cap=3600, jitter=0)
+    assert backoff.delay(64) == dt.timedelta(hours=1)
+
+
+# ---------------------------------------------------------------------------
+# The dead-letter and purge commands
+# ---------------------------------------------------------------------------
+
+def _statuses(fetch):
+    return {r["id"]: r["status"] for r in fetch("SELECT id, status FROM outbox_event")}
+
+
+def test_cli_dead_letters_requeue_and_delete_say_what_happened(db, db_url, repo, fetch, capsys):
+    a = _dead_letter(repo, "http_500", 1)
+    b = _dead_letter(repo, "http_500", 2)
+    c = _dead_letter(repo, "bad_payload", 3)
+    pending = new_event(repo, 4)
+    url = ["--database-url", _url_text(db_url)]
+
+    assert main(["dead-letters", "--requeue", "--id", str(a.id), str(pending.id), "999999",
+                 *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "requeued 1 dead letter; 2 of the 3 given ids are not dead letters"
+        " (missing, or not failed)")
+    assert _statuses(fetch) == {a.id: "pending", b.id: "failed", c.id: "failed",
+                                pending.id: "pending"}
+
+    assert main(["requeue", "--id", str(c.id), "--error-code", "http_500", *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "requeued 0 dead letters; 1 of the 1 given id is not a dead letter with "
+        "last_error_code http_500 (missing, or not failed)")
+
+    assert main(["dead-letters", "--delete", "--error-code", "nope", *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "deleted 0 dead letters (no dead letter has last_error_code nope)")
+
+    assert main(["dead-letters", "--delete", "--all", "--dry-run", *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "would delete 2 dead letters (dry run: nothing changed)")
+    assert main(["dead-letters", "--requeue", "--error-code", "bad_payload", "--dry-run",
+                 *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "would requeue 1 dead letter (dry run: nothing changed)")
+    assert _statuses(fetch)[b.id] == "failed" and _statuses(fetch)[c.id] == "failed"
+
+    assert main(["dead-letters", "--delete", "--id", str(b.id), *url]) == 0
+    assert capsys.readouterr().out.strip() == "deleted 1 dead letter"
+    assert main(["dead-letters", "--delete", "--all", *url]) == 0
+    assert capsys.readouterr().out.strip() == "deleted 1 dead letter"
+    assert _statuses(fetch) == {a.id: "pending", pending.id: "pending"}
+
+
+def test_cli_delete_of_every_dead_letter_must_be_asked_for(db, db_url, repo, fetch):
+    dead = _dead_letter(repo, "http_500", 1)
+    result = subprocess.run([sys.executable, "-m", "outbox_lite.cli", "dead-letters",
+                             "--delete", "--database-url", _url_text(db_url)],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 2
+    assert "--all for every one" in result.stderr
+    assert _statuses(fetch) == {dead.id: "failed"}
+
+
+def test_cli_purge_says_the_age_as_given_and_can_dry_run(db, db_url, repo, fetch, capsys):
+    event = new_event(repo, 1)
+    assert repo.mark_processing(event.id, "w") and repo.mark_published(event.id, "w")
+    fetch("UPDATE outbox_event SET published_at = published_at - INTERVAL 30 DAY")
+    url = ["--database-url", _url_text(db_url)]
+    assert main(["purge", "--older-than", "7d", "--dry-run", *url]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "would purge 1 published event older than 7d (dry run: nothing changed)")
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 1}]
+    assert main(["purge", "--older-than", "2w", *url]) == 0
+    assert capsys.readouterr().out.strip() == "purged 1 published event older than 2w"
+    assert main(["purge", "--older-than", "12h", *url]) == 0
+    assert capsys.readouterr().out.strip() == "purged 0 published events older than 12h"
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]
