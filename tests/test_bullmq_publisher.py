@@ -7,6 +7,7 @@ Events come from a real OutboxRepository (create, then claim_batch), as the rela
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -403,9 +404,13 @@ def test_the_password_is_never_shown(repo: OutboxRepository,
         with pytest.raises(BullMQUnavailableError) as caught:
             publisher.publish(events)
         assert "wr0ng" not in str(caught.value)
+        with pytest.raises(BullMQUnavailableError) as caught:
+            publisher.ping()  # what a start-up check calls
+        assert "wr0ng" not in str(caught.value)
     right = f"redis://default:s3cret-Pa55word@127.0.0.1:{server.port}/0"
     with BullMQPublisher(right, "auth", timeout=3) as publisher:
         assert publisher.redis_url == f"redis://default:***@127.0.0.1:{server.port}/0"
+        publisher.ping()
         assert publisher.publish(events) == {}
     with pytest.raises(InvalidEventError) as bad:
         BullMQPublisher("http://:s3cret-Pa55word@127.0.0.1/0", "auth")
@@ -421,7 +426,15 @@ def test_close_stops_the_loop_thread(rds: redis.Redis, queue: str) -> None:
     assert threading.active_count() == before
     with BullMQPublisher(SHARED_REDIS, queue) as publisher:
         assert publisher.publish([]) == {}
+        publisher.ping()
     assert not publisher._thread.is_alive() and publisher._loop.is_closed()
+    dropped = BullMQPublisher(SHARED_REDIS, queue)
+    dropped.ping()
+    thread = dropped._thread
+    del dropped, publisher  # never closed: the garbage collector winds it up
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
 
 
 # ---------------------------------------------------------------------------
