@@ -89,7 +89,7 @@ def dedupe_key_of(job_id: str) -> str:
 # ---------------------------------------------------------------------------
 
 class BullMQPublishError(OutboxError):
-    """Publishing to BullMQ failed; ``error_code`` and ``retryable`` tell the relay what to record."""
+    """Publishing to BullMQ failed; ``error_code`` and ``retryable`` say what the relay records."""
 
     def __init__(self, message: str, *, error_code: str = "bullmq_error",
                  retryable: bool = True) -> None:
@@ -276,14 +276,14 @@ class BullMQPublisher:
     def _open(self) -> Any:
         """A BullMQ Queue on a client of our own: a bounded connect, one quick reconnect.
 
-        No socket read timeout: ``publish`` bounds the whole call instead, and a timer per
-        reply (a bulk add reads one per job) would slow every publish.
+        No read timeout per reply (redis-py 8 sets 5 s by default): ``publish`` bounds the
+        whole call instead, and a timer per reply (a bulk add reads one per job) costs CPU.
         """
         redis = self._redis
         try:
             client = redis.asyncio.Redis.from_url(
                 self._url, decode_responses=True, socket_connect_timeout=self.timeout,
-                retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 1))
+                socket_timeout=None, retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 1))
         except ValueError as exc:
             raise InvalidEventError(
                 f"redis_url {self.redis_url!r} is not a Redis URL "
