@@ -2,7 +2,8 @@
 """BullMQPublisher.publish against BullMQ's own Queue.addBulk, side by side in one run.
 
 Each round starts ``--workers`` fresh processes three times, on a fresh queue each time, with
-the same jobs (name, data, job id) in the same batches of ``--batch``:
+the same jobs (name, data, job id, and the publisher's default job options: retention) in the
+same batches of ``--batch``:
 
 * ``Queue.addBulk`` on BullMQ's own client: BullMQ's own limit on this machine;
 * ``Queue.addBulk`` on a client without redis-py's read timeout per reply, which is how the
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a c
 import redis  # noqa: E402
 
 from outbox_lite import OutboxEvent  # noqa: E402
-from outbox_lite.publishers.bullmq import BullMQPublisher, job_id  # noqa: E402
+from outbox_lite.publishers.bullmq import DEFAULT_JOB_OPTIONS, BullMQPublisher, job_id  # noqa: E402
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: The same shape as scripts/bench.py's event payload.
@@ -72,7 +73,8 @@ def _add_bulk_worker(redis_url: str, queue: str, first: int, count: int, batch: 
         if no_read_timeout:
             connection = redis.asyncio.Redis.from_url(redis_url, decode_responses=True,
                                                       socket_timeout=None)
-        q = Queue(queue, {"connection": connection})
+        q = Queue(queue, {"connection": connection,
+                          "defaultJobOptions": dict(DEFAULT_JOB_OPTIONS)})
         await q.client.ping()
         barrier.wait()
         started, cpu = time.monotonic(), time.process_time()
