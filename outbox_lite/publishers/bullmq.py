@@ -1,0 +1,439 @@
+"""BullMQ publisher: one BullMQ job per outbox event, added in bulk (the ``[bullmq]`` extra).
+
+The mapping is a contract, because consumers and re-publications rely on it:
+
+* job **name** = ``event.event_type``;
+* job **data** = ``event.payload``, the JSON object or array as stored;
+* job **id** = :func:`job_id` of ``event.dedupe_key``: ``"outbox-"`` followed by the key
+  percent-encoded as UTF-8 (every byte except ``A-Z a-z 0-9 - . _ ~`` becomes ``%XX``,
+  upper-case hex), e.g. ``order 42:paid`` → ``outbox-order%2042%3Apaid``.
+
+Why that id. BullMQ stores job ``X`` of queue ``Q`` at the Redis key ``bull:Q:X``, next to the
+queue's own keys (``bull:Q:wait``, ``bull:Q:meta``, ``bull:Q:id``, ``bull:Q:de:…``) and the
+job's (``bull:Q:X:lock``, ``bull:Q:X:logs``), and numbers jobs without a custom id ``1, 2, 3…``
+from a counter. So a custom id must not contain ``:`` and must not be an integer: BullMQ for
+Node refuses both ("Custom Id cannot contain :", "Custom Ids cannot be integers"); the Python
+package checks neither and would silently mix the keys up. The ``outbox-`` prefix keeps every
+id off the counter's numbers and off the queue's own key names; percent-encoding removes ``:``
+(and white space, braces, non-ASCII) and is injective because ``%`` itself is encoded: two
+different dedupe keys never share a job id, and :func:`dedupe_key_of` gives the key back.
+A dedupe key (at most 255 characters) gives an id of at most 7 + 255 × 12 characters.
+
+Duplicates. BullMQ ignores an add whose job id exists already. Publishing an event twice (a
+relay that died after adding but before recording, or a publish that timed out after Redis
+took it) therefore adds **one** job, as long as BullMQ still keeps the first one.
+
+Job retention bounds that window. A job waiting or being processed is always kept; a finished
+job is kept as ``removeOnComplete`` / ``removeOnFail`` say. For "one job per event", keep
+finished jobs longer than the longest time between an event's first add and its last possible
+re-publication: the relay's ``lock_timeout`` (a dead relay's claim is released after it) plus
+the repository's longest retry backoff (``Backoff.cap``), plus any outage of all relays you want
+covered. With the defaults (300 s + 3,600 s, about 65 minutes) the defaults here keep completed
+jobs for a day (``{"age": 86400}``) and failed ones for a week (``{"age": 604800}``). Never
+remove by ``count`` or at once (``True``): under load that removes jobs within seconds. The cost
+is Redis memory: about (jobs per second) × 86,400 × (job size) for the completed ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import math
+import re
+import threading
+import weakref
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+from urllib.parse import quote, unquote, urlsplit
+
+from .. import _checks
+from ..errors import InvalidEventError, OutboxError
+from ..models import OutboxEvent
+from ..payload import redact
+
+logger = logging.getLogger(__name__)
+
+JOB_ID_PREFIX = "outbox-"
+#: Job options every job gets unless ``job_options`` overrides them (see the module docstring).
+DEFAULT_JOB_OPTIONS: Mapping[str, Any] = {
+    "removeOnComplete": {"age": 86_400},
+    "removeOnFail": {"age": 604_800},
+}
+DEFAULT_TIMEOUT = 10.0
+#: Redis refuses a single argument longer than ``proto-max-bulk-len`` (512 MiB by default).
+REDIS_DEFAULT_MAX_BULK_BYTES = 512 * 1024 * 1024
+#: Options the publisher owns, or that would merge different events into one job.
+_RESERVED_JOB_OPTIONS = ("jobId", "parent", "repeat", "deduplication", "debounce")
+_INSTALL_HINT = "pip install 'outbox-lite[bullmq]'"
+#: What percent-encoding leaves as it is (RFC 3986's unreserved characters).
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]+")
+
+
+def job_id(dedupe_key: str) -> str:
+    """The BullMQ job id of the event with ``dedupe_key`` (injective; see the module docstring)."""
+    if _UNRESERVED.fullmatch(dedupe_key):  # the common case (generated keys): 3x faster
+        return JOB_ID_PREFIX + dedupe_key
+    return JOB_ID_PREFIX + quote(dedupe_key, safe="")
+
+
+def dedupe_key_of(job_id: str) -> str:
+    """The dedupe key a :func:`job_id` was made from; ``ValueError`` for other ids."""
+    if not job_id.startswith(JOB_ID_PREFIX):
+        raise ValueError(f"{job_id!r} is not an outbox job id")
+    return unquote(job_id[len(JOB_ID_PREFIX):], errors="strict")
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+class BullMQPublishError(OutboxError):
+    """Publishing to BullMQ failed; ``error_code`` and ``retryable`` say what the relay records."""
+
+    def __init__(self, message: str, *, error_code: str = "bullmq_error",
+                 retryable: bool = True) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+        self.retryable = retryable
+
+
+class BullMQUnavailableError(BullMQPublishError):
+    """Redis was unreachable or did not answer in time: the whole batch failed (retryable)."""
+
+
+class BullMQJobError(BullMQPublishError):
+    """BullMQ did not take one job; ``retryable`` is False when it never can (data too large)."""
+
+
+# ---------------------------------------------------------------------------
+# The publisher
+# ---------------------------------------------------------------------------
+
+class BullMQPublisher:
+    """Publishes outbox events as BullMQ jobs on ``queue`` of the Redis at ``redis_url``.
+
+    ``publish(events)`` adds one job per event in one bulk add and returns the failures by
+    event id (empty: all added); it raises :class:`BullMQUnavailableError` when Redis is
+    unreachable or the batch takes longer than ``timeout`` seconds (the whole batch failed,
+    retryable). ``job_options`` are BullMQ job options merged over
+    :data:`DEFAULT_JOB_OPTIONS` (e.g. ``{"attempts": 3}``). ``max_data_bytes`` is the largest
+    job data Redis takes (its ``proto-max-bulk-len``); ``None`` asks the server when needed.
+
+    The asyncio client runs on one event loop, in a daemon thread the publisher owns; no call
+    makes a loop of its own. ``publish`` and ``close`` hold a lock, so calls from several
+    threads go one batch at a time: give each relay thread a publisher of its own. Use it as
+    a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, redis_url: str, queue: str, *, prefix: str = "bull",
+                 job_options: Mapping[str, Any] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT,
+                 max_data_bytes: int | None = None) -> None:
+        self.queue_name = _queue_name(queue)
+        self.prefix = _checks.name("prefix", prefix)
+        self.timeout = _timeout(timeout)
+        self.job_options = _job_options(job_options)
+        self._max_data_bytes = (None if max_data_bytes is None
+                                else _checks.positive_int("max_data_bytes", max_data_bytes))
+        if not isinstance(redis_url, str):
+            raise InvalidEventError(f"redis_url must be a str, not {type(redis_url).__name__}")
+        self._url = redis_url
+        self._password = _password(redis_url)
+        self.redis_url = _mask_url(redis_url)  # safe to show: the password is masked
+        self._bullmq, self._redis = _import_clients()
+        # The queue in use, in a list the finalizer shares (it must not hold self).
+        self._current = [self._open()]  # parses the URL (a bad one raises here); connects lazily
+        self._lock = threading.Lock()
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name=f"outbox-bullmq-{self.queue_name}")
+        self._thread.start()
+        # close() calls it; so does the garbage collector (or exit) if close() never came.
+        self._stop = weakref.finalize(self, _shut_down, self._loop, self._thread, self._current,
+                                      self.timeout)
+
+    def __repr__(self) -> str:
+        return f"<BullMQPublisher queue={self.queue_name!r} redis={self.redis_url!r}>"
+
+    def __enter__(self) -> BullMQPublisher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the Publisher protocol ---------------------------------------------
+
+    def publish(self, events: Sequence[OutboxEvent]) -> Mapping[int, BaseException]:
+        """Add one job per event, in bulk; return the failures by event id (empty: all added).
+
+        Raises :class:`BullMQUnavailableError` (retryable) when Redis is unreachable or does
+        not answer within ``timeout``, :class:`BullMQPublishError` for other Redis errors.
+        """
+        if not events:
+            return {}
+        jobs = [{"name": e.event_type, "data": e.payload, "opts": {"jobId": job_id(e.dedupe_key)}}
+                for e in events]
+        failures: Mapping[int, BaseException] = self._run(
+            lambda queue: self._add(queue, events, jobs))
+        return failures
+
+    def ping(self) -> None:
+        """Connect to Redis if needed and ping it: raises as :meth:`publish` does when it can't.
+
+        Useful at start-up, to fail fast on a wrong URL or password.
+        """
+        self._run(lambda queue: queue.client.ping())
+
+    def close(self) -> None:
+        """Close the Redis connection and stop the event loop and its thread; idempotent."""
+        with self._lock:
+            self._closed = True
+            self._stop()
+
+    def _run(self, call: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run ``call(queue)`` on the loop; wait at most ``timeout``; map Redis errors."""
+        with self._lock:
+            if self._closed:
+                raise BullMQUnavailableError("the BullMQ publisher is closed",
+                                             error_code="bullmq_closed")
+            queue = self._current[0]
+            future = asyncio.run_coroutine_threadsafe(_awaited(call(queue)), self._loop)
+            try:
+                return future.result(self.timeout)
+            except self._redis.exceptions.RedisError as exc:
+                raise self._error(exc) from exc
+            except concurrent.futures.TimeoutError:
+                if future.done():  # the call's own TimeoutError, not our wait's
+                    raise
+                future.cancel()  # redis-py drops a connection whose command is cancelled
+                # Start afresh anyway: nothing of a cancelled call must linger.
+                self._current[0] = self._open()
+                asyncio.run_coroutine_threadsafe(_close_queue(queue), self._loop)
+                raise BullMQUnavailableError(
+                    f"{self._where()}: no answer within {self.timeout:g} s",
+                    error_code="bullmq_timeout") from None
+
+    # -- inside the event loop ------------------------------------------------
+
+    async def _add(self, queue: Any, events: Sequence[OutboxEvent],
+                   jobs: list[dict[str, Any]]) -> dict[int, BaseException]:
+        redis_exc = self._redis.exceptions
+        try:
+            await queue.addBulk(jobs)
+            return {}
+        except redis_exc.ResponseError:
+            # Redis ran the bulk add as one MULTI/EXEC: the jobs before and after the one that
+            # failed were added. Adding one by one finds the failures (added ones are no-ops).
+            return await self._add_each(queue, events, jobs)
+        except (redis_exc.ConnectionError, redis_exc.TimeoutError):
+            # Data longer than Redis takes in one argument makes Redis drop the connection
+            # (nothing of the transaction is applied): that event can never be published.
+            limit = await self._data_limit(queue)
+            too_large = {i for i, job in enumerate(jobs) if _data_bytes(job["data"]) > limit}
+            if not too_large:
+                raise
+            failures: dict[int, BaseException] = {
+                events[i].id: self._too_large(limit) for i in too_large}
+            rest = [i for i in range(len(jobs)) if i not in too_large]
+            if rest:
+                failures.update(await self._add(queue, [events[i] for i in rest],
+                                                [jobs[i] for i in rest]))
+            return failures
+
+    async def _add_each(self, queue: Any, events: Sequence[OutboxEvent],
+                        jobs: list[dict[str, Any]]) -> dict[int, BaseException]:
+        redis_exc = self._redis.exceptions
+        failures: dict[int, BaseException] = {}
+        for event, job in zip(events, jobs):
+            try:
+                await queue.add(job["name"], job["data"], job["opts"])
+            except (redis_exc.ResponseError, TypeError) as exc:
+                # TypeError: BullMQ's own refusal of a job (a negative code from its script).
+                failures[event.id] = BullMQJobError(
+                    f"{self._where()} refused job {job['opts']['jobId']!r}: {self._clean(exc)}",
+                    error_code="bullmq_job_refused")
+            except (redis_exc.ConnectionError, redis_exc.TimeoutError):
+                limit = await self._data_limit(queue)
+                if _data_bytes(job["data"]) <= limit:
+                    raise
+                failures[event.id] = self._too_large(limit)
+        return failures
+
+    async def _data_limit(self, queue: Any) -> int:
+        """The largest job data Redis takes: ``max_data_bytes``, else the server's setting."""
+        if self._max_data_bytes is None:
+            try:
+                reply = await queue.client.config_get("proto-max-bulk-len")
+                self._max_data_bytes = int(reply["proto-max-bulk-len"])
+            except (self._redis.exceptions.ResponseError, KeyError, ValueError):
+                self._max_data_bytes = REDIS_DEFAULT_MAX_BULK_BYTES  # CONFIG not allowed
+        return self._max_data_bytes
+
+    # -- helpers --------------------------------------------------------------
+
+    def _open(self) -> Any:
+        """A BullMQ Queue on a client of our own: a bounded connect, one quick reconnect.
+
+        No read timeout per reply (redis-py 8 sets 5 s by default): ``publish`` bounds the
+        whole call instead, and a timer per reply (a bulk add reads one per job) costs CPU.
+        """
+        redis = self._redis
+        try:
+            client = redis.asyncio.Redis.from_url(
+                self._url, decode_responses=True, socket_connect_timeout=self.timeout,
+                socket_timeout=None, retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 1))
+        except ValueError as exc:
+            raise InvalidEventError(
+                f"redis_url {self.redis_url!r} is not a Redis URL "
+                f"(redis://, rediss:// or unix://): {self._clean(exc)}") from None
+        return self._bullmq.Queue(self.queue_name, {
+            "connection": client, "prefix": self.prefix,
+            "defaultJobOptions": dict(self.job_options)})
+
+    def _where(self) -> str:
+        return f"BullMQ queue {self.queue_name!r} at {self.redis_url}"
+
+    def _clean(self, exc: BaseException) -> str:
+        text = str(exc)
+        if self._password:
+            text = text.replace(self._password, "***")
+        return redact(text)
+
+    def _too_large(self, limit: int) -> BullMQJobError:
+        return BullMQJobError(
+            f"{self._where()}: the job data is longer than Redis takes in one argument "
+            f"({limit} bytes, its proto-max-bulk-len)",
+            error_code="bullmq_data_too_large", retryable=False)
+
+    def _error(self, exc: BaseException) -> BullMQPublishError:
+        redis_exc = self._redis.exceptions
+        if isinstance(exc, (redis_exc.ConnectionError, redis_exc.TimeoutError)):
+            return BullMQUnavailableError(f"{self._where()} is unavailable: {self._clean(exc)}",
+                                          error_code="bullmq_unavailable")
+        return BullMQPublishError(f"{self._where()}: {type(exc).__name__}: {self._clean(exc)}")
+
+
+# ---------------------------------------------------------------------------
+# Module helpers
+# ---------------------------------------------------------------------------
+
+def _import_clients() -> tuple[Any, Any]:
+    try:
+        import bullmq  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        import redis
+        import redis.asyncio
+        import redis.asyncio.retry
+        import redis.backoff
+    except ImportError as exc:
+        raise ImportError(
+            f"BullMQPublisher needs the bullmq package ({exc}); install it with {_INSTALL_HINT}"
+        ) from exc
+    return bullmq, redis
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+async def _close_queue(queue: Any) -> None:
+    try:
+        await queue.close()
+    except Exception as exc:  # noqa: BLE001 - closing must not fail on a dead Redis
+        logger.debug("closing a BullMQ queue failed: %s", type(exc).__name__)
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, current: list[Any],
+               timeout: float) -> None:
+    """Cancel what still runs on ``loop``, close the queue, stop the loop and its thread."""
+
+    async def wind_up() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await _close_queue(current[0])
+
+    if thread.is_alive():
+        try:
+            asyncio.run_coroutine_threadsafe(wind_up(), loop).result(timeout)
+        except Exception:  # noqa: BLE001 - stopping goes on regardless
+            logger.debug("winding up the BullMQ publisher's loop timed out")
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+    if not thread.is_alive():
+        loop.close()
+
+
+def _data_bytes(data: Any) -> int:
+    # The text BullMQ sends (json.dumps with its defaults: ASCII, so characters are bytes).
+    return len(json.dumps(data, separators=(",", ":"), allow_nan=False))
+
+
+def _queue_name(queue: Any) -> str:
+    _checks.name("queue", queue)
+    if ":" in queue:
+        raise InvalidEventError("queue must not contain ':' (BullMQ's key separator)")
+    return str(queue)
+
+
+def _timeout(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidEventError(f"timeout must be a number of seconds, not {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidEventError(f"timeout must be a positive number of seconds, not {value}")
+    return float(value)
+
+
+def _job_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if options is None:
+        return dict(DEFAULT_JOB_OPTIONS)
+    if not isinstance(options, Mapping):
+        raise InvalidEventError(f"job_options must be a mapping, not {type(options).__name__}")
+    reserved = sorted(set(options) & set(_RESERVED_JOB_OPTIONS))
+    if reserved:
+        raise InvalidEventError(
+            f"job_options must not set {', '.join(reserved)}: the publisher derives the job id "
+            "from the dedupe key, one job per event")
+    try:
+        json.dumps(options, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidEventError(f"job_options must be plain JSON values: {exc}") from None
+    merged = {**DEFAULT_JOB_OPTIONS, **options}
+    for key in ("removeOnComplete", "removeOnFail"):
+        keep = merged[key]
+        if keep is True or isinstance(keep, int) and not isinstance(keep, bool) or (
+                isinstance(keep, Mapping) and "count" in keep):
+            logger.warning(
+                "job_options %s=%r removes finished jobs at once or by count: an event "
+                "published again after its job was removed adds a second job; keep them "
+                "by age (see outbox_lite.publishers.bullmq)", key, keep)
+    return merged
+
+
+def _password(url: Any) -> str:
+    try:
+        return unquote(urlsplit(url).password or "")
+    except (TypeError, ValueError):
+        return ""
+
+
+def _mask_url(url: str) -> str:
+    """``url`` without its password (``***``), query or fragment: safe for errors and logs."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<unparsable Redis URL>"
+    auth = ""
+    if "@" in parts.netloc:
+        userinfo = parts.netloc.rpartition("@")[0]
+        user, has_password, _ = userinfo.partition(":")
+        # Without ':' the user part may well be a password put in the wrong place.
+        auth = f"{user}:***@" if has_password else "***@"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = auth + host + (f":{port}" if port is not None else "")
+    return redact(f"{parts.scheme}://{netloc}{parts.path}")
