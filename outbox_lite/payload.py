@@ -402,6 +402,14 @@ def _live_shapes(lowered: str, looks: _Looks) -> Iterator[int]:
                         yield index
 
 
+def _json_may_hold_credential(lowered: str) -> bool:
+    """encode_payload's first look at its JSON text: most payloads hold no anchor at all."""
+    for anchor in _ANCHORS:
+        if anchor in lowered:
+            return next(_live_shapes(lowered, _JSON_LOOKS), None) is not None
+    return False
+
+
 def _shape_spans(text: str, lowered: str) -> Iterator[tuple[_Shape, Span]]:
     for index in sorted(_live_shapes(lowered, _TEXT_LOOKS)):
         for span in _SHAPES[index].spans(text):
@@ -598,7 +606,7 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     # look at it tells whether any of them may hold a credential-shaped value; and it cannot
     # nest deeper than its brackets. Payloads that pass both need only their keys checked;
     # any doubt takes the exact walk, which also names the path.
-    scan = "\\" in text or next(_live_shapes(text.lower(), _JSON_LOOKS), None) is not None
+    scan = "\\" in text or _json_may_hold_credential(text.lower())
     shallow = text.count("{") + text.count("[") <= MAX_DEPTH
     if scan or not shallow or not _plain_keys(payload):
         _check(payload, [], 0, allowed, scan)
