@@ -275,6 +275,17 @@ CONNECTION_ERRORS: tuple[type[Exception], ...] = (
 _LOST = frozenset({2006, 2013, 2055, 1927, 4031})
 #: Driver errors that mean no connection could be opened: the server is not reachable.
 _UNREACHABLE = frozenset({2002, 2003})
+#: Also worth a reconnect: the server is shutting down (1053), or full for now (1040).
+_GOING = frozenset({1040, 1053})
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when ``exc`` means the connection is gone or cannot be opened now: the remedy is
+    :func:`reconnect` (outside any transaction) and a retry, not a fix of the code."""
+    if isinstance(exc, (ConnectionLostError, pw.InterfaceError)):
+        return True
+    return isinstance(exc, pw.OperationalError) and driver_errno(exc) in (
+        _LOST | _UNREACHABLE | _GOING)
 
 
 def _drop(database: pw.Database) -> None:

@@ -7,8 +7,8 @@ claims (``extend_locks``) if the publish runs long, then record the outcomes: on
 claimed: wait, with a pause that doubles from ``idle_pause`` up to ``max_idle_pause``.
 
 Lock conflicts and lost connections never end :meth:`Relay.run`: the round is retried, after
-a reconnect with a bounded backoff when the connection broke (also for a database made with
-``autoconnect=False`` and for a pooled one). Stopping finishes the batch in hand and records
+:func:`outbox_lite.reconnect` with a bounded backoff when the connection broke (so also for a
+database made with ``autoconnect=False`` and for a pooled one). Stopping finishes the batch in hand and records
 its outcomes first. The relay imports no broker client: a publisher is any object with
 ``publish(events)`` and ``close()`` (:class:`Publisher`).
 """
@@ -23,22 +23,14 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Mapping, Protocol, Sequence
 
-import peewee as pw
-
 from . import _checks
-from .errors import ConnectionLostError, InvalidEventError, LockConflictError, driver_errno
+from ._db import CONNECTION_ERRORS, is_connection_error, reconnect
+from .errors import InvalidEventError, LockConflictError
 from .models import MAX_ERROR_CODE_LENGTH, OutboxEvent
 from .payload import redact
 from .repository import OutboxRepository
 
 logger = logging.getLogger(__name__)
-
-#: MySQL/MariaDB error numbers that mean the connection (or the server) went away.
-_CONNECTION_ERRNOS = frozenset({
-    0,  # PyMySQL/Peewee on a socket that is already closed: InterfaceError(0, '')
-    1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055,
-})
-
 
 class Publisher(Protocol):
     """What the relay hands claimed events to (e.g. :class:`~outbox_lite.publishers.bullmq.
@@ -99,38 +91,6 @@ class RelayStats:
 def default_worker_id() -> str:
     """host:pid:random, unique per relay."""
     return f"{socket.gethostname()[:200]}:{os.getpid()}:{os.urandom(3).hex()}"
-
-
-def is_connection_error(exc: BaseException) -> bool:
-    """True when ``exc`` means the connection to the server broke (reconnecting may help)."""
-    if isinstance(exc, ConnectionLostError):
-        return True
-    if isinstance(exc, (pw.OperationalError, pw.InterfaceError)):
-        return driver_errno(exc) in _CONNECTION_ERRNOS or driver_errno(exc) is None
-    return False
-
-
-def reconnect(database: pw.Database) -> None:
-    """Drop this thread's connection, broken or not, and open a new one.
-
-    Works for ``autoconnect=False`` (which never reconnects by itself) and for pooled
-    databases (the broken connection is discarded, not returned to the pool). Raises the
-    driver's error while the server is unreachable.
-    """
-    if database.in_transaction():
-        return  # the caller's atomic() must end first; it sees the failure itself
-    try:
-        if hasattr(database, "manual_close"):  # playhouse.pool: do not pool a dead connection
-            database.manual_close()
-        else:
-            database.close()
-    except Exception:  # noqa: BLE001 - closing a dead connection may complain
-        logger.debug("closing a broken connection failed", exc_info=True)
-        try:
-            database.close()  # Peewee resets its state even when the driver complains
-        except Exception:  # noqa: BLE001
-            pass
-    database.connect(reuse_if_open=True)
 
 
 def _error_code(exc: BaseException) -> str:
@@ -233,7 +193,7 @@ class Relay:
                     reconnect_pause = self.reconnect_pause
                 except LockConflictError:
                     self.stats.lock_conflicts += 1  # the server rolled back: claim again
-                except (ConnectionLostError, pw.OperationalError, pw.InterfaceError) as exc:
+                except CONNECTION_ERRORS as exc:
                     if not is_connection_error(exc):
                         raise
                     logger.warning("relay %s lost the database connection (%s); reconnecting"
@@ -341,7 +301,7 @@ class Relay:
                 break
             except LockConflictError:
                 self.stats.lock_conflicts += 1
-            except (ConnectionLostError, pw.OperationalError, pw.InterfaceError) as exc:
+            except CONNECTION_ERRORS as exc:
                 if not is_connection_error(exc):
                     raise
                 if time.monotonic() + pause > give_up_at:
@@ -368,14 +328,9 @@ class Relay:
         return left == (stats.held_back if self.ordered else 0)
 
     def _reconnect(self) -> None:
-        self._reconnect_quietly()
+        """A new connection, or (server unreachable) none: the next round tries again."""
+        reconnect(self._database)
         self.stats.reconnects += 1
-
-    def _reconnect_quietly(self) -> None:
-        try:
-            reconnect(self._database)
-        except (pw.OperationalError, pw.InterfaceError) as exc:
-            logger.debug("reconnect failed: %s", redact(str(exc)))
 
 
 def _seconds(name: str, value: float | None, default: float | None = None, *,
@@ -450,10 +405,7 @@ class _Heartbeat:
                     logger.warning("relay %s: renewing %d claims failed: %s", self.worker_id,
                                    len(held), redact(str(exc)))
                     if is_connection_error(exc):
-                        try:
-                            reconnect(database)
-                        except Exception:  # noqa: BLE001 - tried again at the next beat
-                            pass
+                        reconnect(database)  # or not yet: tried again at the next beat
                     continue
                 self.stats.renewals += 1
                 with self._cond:
