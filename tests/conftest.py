@@ -11,14 +11,18 @@ import datetime as dt
 import itertools
 import os
 import threading
+import uuid
 from typing import Any, Callable, Iterator
 
 import pymysql
 import pytest
+import redis
 
 from outbox_lite import Backoff, OutboxRepository
 from outbox_lite import migrate as schema
 from outbox_lite._db import DatabaseUrl
+
+from _redis import SHARED_REDIS, RedisServer, delete_queue
 
 TEST_URL = DatabaseUrl.parse(
     os.environ.get("OUTBOX_TEST_DATABASE_URL", "mysql://root@127.0.0.1:3306/outbox_lite_test"))
@@ -203,3 +207,37 @@ def run_threads(count: int, target: Callable[[int], Any], database: Any = None,
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     return results, errors
+
+
+# ---------------------------------------------------------------------------
+# Redis (see _redis.py): the shared server, and servers of a test's own
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def rds() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(SHARED_REDIS, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def queue(rds: redis.Redis) -> Iterator[str]:
+    """A queue name of this test's own on the shared Redis; its keys are deleted afterwards."""
+    name = f"outbox-test-{uuid.uuid4().hex}"
+    yield name
+    delete_queue(rds, name)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[Callable[..., RedisServer]]:
+    servers: list[RedisServer] = []
+
+    def start(*options: str) -> RedisServer:
+        server = RedisServer(*options)
+        servers.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -10,22 +10,19 @@ import asyncio
 import gc
 import json
 import logging
-import os
 import random
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 import redis
-from bullmq import Worker
 
 from outbox_lite import InvalidEventError, OutboxEvent, OutboxRepository
+from _redis import SHARED_REDIS, RedisServer, consume, free_port
 from outbox_lite.publishers.bullmq import (
     DEFAULT_JOB_OPTIONS,
     BullMQJobError,
@@ -35,7 +32,6 @@ from outbox_lite.publishers.bullmq import (
     job_id,
 )
 
-SHARED_REDIS = "redis://127.0.0.1:6379/0"
 # The keys BullMQ keeps for a queue itself, beside its jobs' (bullmq/queue_keys.py).
 QUEUE_KEYS = {"wait", "paused", "meta", "id", "events", "marker", "completed", "failed",
               "active", "delayed", "prioritized", "stalled", "stalled-check", "limiter", "pc",
@@ -45,92 +41,6 @@ QUEUE_KEYS = {"wait", "paused", "meta", "id", "events", "marker", "completed", "
 # ---------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------
-
-@pytest.fixture
-def rds() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(SHARED_REDIS, decode_responses=True)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def queue(rds: redis.Redis) -> Iterator[str]:
-    """A queue name of this test's own on the shared Redis; its keys are deleted afterwards."""
-    name = f"outbox-test-{uuid.uuid4().hex}"
-    yield name
-    _delete_queue(rds, name)
-
-
-def _delete_queue(client: redis.Redis, name: str) -> None:
-    keys = list(client.scan_iter(match=f"bull:{name}:*", count=1000))
-    for i in range(0, len(keys), 500):
-        client.delete(*keys[i:i + 500])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisServer:
-    """A redis-server of the test's own on a free port, without persistence."""
-
-    def __init__(self, *options: str) -> None:
-        self.port = _free_port()
-        self.options = options
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", *self.options],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=1, **self._auth())
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start")
-                time.sleep(0.02)
-            finally:
-                client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)  # this server only, by its pid
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, decode_responses=True, **self._auth())
-
-    def _auth(self) -> dict[str, str]:
-        opts = dict(zip(self.options[::2], self.options[1::2]))
-        return {"password": opts["--requirepass"]} if "--requirepass" in opts else {}
-
-
-@pytest.fixture
-def redis_server() -> Iterator[Callable[..., RedisServer]]:
-    servers: list[RedisServer] = []
-
-    def start(*options: str) -> RedisServer:
-        server = RedisServer(*options)
-        servers.append(server)
-        server.start()
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
-
 
 def claimed(repo: OutboxRepository, payloads: list[Any], **fields: Any) -> list[OutboxEvent]:
     """Create one event per payload (dedupe keys from ``fields["dedupe_keys"]`` if given),
@@ -199,7 +109,7 @@ def test_a_bullmq_worker_receives_every_event_once(repo: OutboxRepository, rds: 
     with BullMQPublisher(SHARED_REDIS, queue) as publisher:
         assert publisher.publish(events[:40]) == {}
         assert publisher.publish(events) == {}  # 40 again, 20 new
-        seen = asyncio.run(_consume(queue, expected=len(events)))
+        seen = asyncio.run(consume(queue, expected=len(events)))
         # Completed jobs are kept (by age), so a late re-publication still adds nothing.
         assert publisher.publish(events) == {}
 
@@ -209,23 +119,6 @@ def test_a_bullmq_worker_receives_every_event_once(repo: OutboxRepository, rds: 
     assert rds.zcard(f"bull:{queue}:completed") == len(events)
     assert rds.llen(f"bull:{queue}:wait") == 0
     assert rds.llen(f"bull:{queue}:active") == 0
-
-
-async def _consume(queue: str, expected: int) -> list[tuple[str, str, Any]]:
-    seen: list[tuple[str, str, Any]] = []
-    all_seen = asyncio.Event()
-
-    async def process(job: Any, token: str) -> None:
-        seen.append((job.id, job.name, job.data))
-        if len(seen) >= expected:
-            all_seen.set()
-
-    worker = Worker(queue, process, {"connection": SHARED_REDIS, "drainDelay": 1})
-    try:
-        await asyncio.wait_for(all_seen.wait(), timeout=60)
-    finally:
-        await worker.close()
-    return seen
 
 
 AWKWARD_KEYS = [
@@ -283,7 +176,7 @@ def test_awkward_dedupe_keys_are_published_each_under_its_own_key(
 def test_redis_unreachable_raises_a_retryable_error_within_the_timeout(
         repo: OutboxRepository) -> None:
     events = claimed(repo, [{"n": 1}, {"n": 2}])
-    publisher = BullMQPublisher(f"redis://:hunter2pass@127.0.0.1:{_free_port()}/0",
+    publisher = BullMQPublisher(f"redis://:hunter2pass@127.0.0.1:{free_port()}/0",
                                 "q", timeout=2)
     started = time.monotonic()
     with pytest.raises(BullMQUnavailableError) as caught:
