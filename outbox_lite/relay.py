@@ -4,7 +4,9 @@ One round: release expired claims (at most every ``release_every`` seconds), cla
 short transaction of its own, publish it outside any transaction while a heartbeat renews the
 claims (``extend_locks``) if the publish runs long, then record the outcomes: one
 ``mark_published_many`` for the successes and a ``mark_failed`` for each failure. Nothing
-claimed: wait, with a pause that doubles from ``idle_pause`` up to ``max_idle_pause``.
+claimed: wait, with a pause that doubles from ``idle_pause`` up to ``max_idle_pause``. A publish
+that raised (the broker is down): wait until the publisher answers ``ping()`` before claiming
+again, so an outage does not spend every event's attempts.
 
 Lock conflicts and lost connections never end :meth:`Relay.run`: the round is retried, after
 :func:`outbox_lite.reconnect` with a bounded backoff when the connection broke (so also for a
@@ -58,6 +60,7 @@ class RoundResult:
     dead: int = 0  # failed for good: dead letters
     lost: int = 0  # claims that expired and were taken over before the outcome was recorded
     released: int = 0  # expired claims (of any worker) this round released
+    publish_errors: int = 0  # 1 when the publisher raised: the whole batch failed
 
 
 @dataclass
@@ -71,6 +74,7 @@ class RelayStats:
     dead: int = 0
     lost: int = 0
     released: int = 0
+    publish_errors: int = 0
     lock_conflicts: int = 0
     reconnects: int = 0
     renewals: int = 0
@@ -116,7 +120,9 @@ class Relay:
     (default: a third of ``lock_timeout``), ``release_every`` seconds between releases of
     expired claims (default: a quarter of ``lock_timeout``, at most 30), ``idle_pause`` and
     ``max_idle_pause`` the first and the longest wait when nothing was claimed,
-    ``reconnect_pause`` and ``max_reconnect_pause`` the same after a lost connection,
+    ``reconnect_pause`` and ``max_reconnect_pause`` the same after a lost database connection
+    or a publish that raised (the publisher's ``ping()``, if it has one, is tried before the
+    relay claims again),
     ``progress_every`` seconds between progress lines (logged at INFO; 0 for none).
     """
 
@@ -181,6 +187,8 @@ class Relay:
             while not stop.is_set():
                 try:
                     result = self.run_once()
+                    if result.publish_errors:
+                        self._wait_for_publisher(stop)
                     if result.claimed:
                         pause = 0.0
                     elif until_empty and self._empty():
@@ -229,7 +237,7 @@ class Relay:
         self.stats.claim_seconds += published - started
         result.claimed = len(batch)
         if batch:
-            failures = self._publish(batch)
+            failures = self._publish(batch, result)
             recorded = time.monotonic()
             self.stats.publish_seconds += recorded - published
             self._record(batch, failures, result, give_up_at=started + self.lock_timeout)
@@ -252,7 +260,8 @@ class Relay:
 
     # -- one batch --------------------------------------------------------------------------
 
-    def _publish(self, batch: list[OutboxEvent]) -> dict[int, BaseException]:
+    def _publish(self, batch: list[OutboxEvent],
+                 result: RoundResult) -> dict[int, BaseException]:
         """The publisher's failures by event id; a raising publish fails the whole batch."""
         self._heartbeat.hold([e.id for e in batch])
         try:
@@ -260,6 +269,7 @@ class Relay:
         except Exception as exc:  # noqa: BLE001 - the whole batch failed: recorded as such
             logger.warning("relay %s: publishing %d events failed: %s", self.worker_id,
                            len(batch), redact(str(exc) or type(exc).__name__))
+            result.publish_errors = 1
             return {event.id: exc for event in batch}
         finally:
             self._heartbeat.release()
@@ -321,6 +331,27 @@ class Relay:
                            " outcome was recorded", self.worker_id, result.lost)
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _wait_for_publisher(self, stop: threading.Event) -> None:
+        """After a publish that raised (the broker is down, most likely): wait, with a pause
+        that doubles up to ``max_reconnect_pause``, until the publisher's ``ping()`` answers
+        (one pause when it has none). Claiming meanwhile would spend an attempt of every
+        event claimed, and a long outage would turn them all into dead letters."""
+        ping = getattr(self.publisher, "ping", None)
+        pause = self.reconnect_pause
+        started = time.monotonic()
+        while not stop.wait(pause):
+            if not callable(ping):
+                break
+            try:
+                ping()
+                break
+            except Exception as exc:  # noqa: BLE001 - still down: wait longer
+                logger.info("relay %s: the publisher is still unavailable (%s); next try in"
+                            " %.1f s", self.worker_id, redact(str(exc) or type(exc).__name__),
+                            min(self.max_reconnect_pause, pause * 2))
+            pause = min(self.max_reconnect_pause, pause * 2)
+        self.stats.idle_seconds += time.monotonic() - started
 
     def _empty(self) -> bool:
         stats = self.repository.stats()
