@@ -12,9 +12,12 @@ import json
 import logging
 import math
 import os
+import importlib
 import platform
 import re
+import signal
 import sys
+import threading
 from importlib import metadata
 from typing import Any, Callable, Iterator, NamedTuple, NoReturn, Sequence
 
@@ -231,6 +234,9 @@ def _cmd_stats(args: argparse.Namespace, url: DatabaseUrl) -> int:
     print(f"claims older than {args.lock_timeout:g} s: {stats.expired_claims}")
     for code, count in sorted(stats.dead_letters_by_code.items()):
         print(f"dead letters with {code or '(no code)'}: {count}")
+    if stats.held_back:
+        print(f"pending behind a dead letter of their aggregate: {stats.held_back}"
+              " (ordered claims wait for it to be requeued or deleted)")
     return EXIT_OK
 
 
@@ -295,6 +301,83 @@ def _cmd_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
     else:
         print(f"purged {events} older than {age.text}")
     return EXIT_OK
+
+
+def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    from .relay import Relay
+
+    publisher = _publisher(args)
+    repo = OutboxRepository(url.database())
+    try:
+        relay = Relay(repo, publisher, worker_id=args.worker_id, batch_size=args.batch_size,
+                      lock_timeout=args.lock_timeout, ordered=args.ordered,
+                      progress_every=args.progress_every)
+        repo.stats()  # a wrong URL, a missing grant or table: one line now, not in the loop
+        logging.getLogger("outbox_lite.relay").setLevel(logging.INFO)
+        stop = threading.Event()
+        _stop_on_signals(stop)
+        print(f"outbox-lite relay {relay.worker_id}: from {url} to {publisher!r}"
+              + (", ordered" if args.ordered else ""), file=sys.stderr, flush=True)
+        relay.run(stop, until_empty=args.until_empty)
+    finally:
+        publisher.close()
+        repo.database.close()
+    return EXIT_OK
+
+
+def _publisher(args: argparse.Namespace) -> Any:
+    """The publisher the flags name: BullMQ's, or the one MODULE:FACTORY returns."""
+    bullmq_url = args.bullmq_url or os.environ.get("OUTBOX_BULLMQ_URL")
+    if args.publisher:
+        if args.queue:
+            raise UsageError("--queue goes with --bullmq-url, not with --publisher")
+        return _publisher_from_factory(args.publisher)
+    if not bullmq_url or not args.queue:
+        raise UsageError("name a broker: --bullmq-url REDIS_URL (or $OUTBOX_BULLMQ_URL) with"
+                         " --queue NAME, or --publisher MODULE:FACTORY")
+    from .publishers.bullmq import BullMQPublisher
+    publisher = BullMQPublisher(bullmq_url, args.queue)
+    try:
+        publisher.ping()  # an unreachable Redis or a wrong password: one line, now
+    except BaseException:
+        publisher.close()
+        raise
+    return publisher
+
+
+def _publisher_from_factory(spec: str) -> Any:
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise UsageError(f"--publisher {spec!r} must be MODULE:FACTORY, e.g. myapp.outbox:publisher")
+    try:
+        factory: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            factory = getattr(factory, part)
+    except ImportError as exc:
+        raise UsageError(f"--publisher {spec}: cannot import {module_name} ({exc})") from None
+    except AttributeError:
+        raise UsageError(f"--publisher {spec}: {module_name} has no {attribute}") from None
+    if not callable(factory):
+        raise UsageError(f"--publisher {spec} is not callable")
+    publisher = factory()
+    if not callable(getattr(publisher, "publish", None)) or not callable(
+            getattr(publisher, "close", None)):
+        raise UsageError(f"--publisher {spec} returned a {type(publisher).__name__}, which has"
+                         " no publish(events) and close()")
+    return publisher
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT stop the relay after the batch in hand; a second SIGINT at once."""
+    def graceful(signum: int, frame: Any) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+        print(f"outbox-lite relay: {signal.Signals(signum).name}: stopping after the batch in"
+              " hand (Ctrl-C again stops at once)", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGTERM, graceful)
+    signal.signal(signal.SIGINT, graceful)
 
 
 def _all_scenarios() -> tuple[str, ...]:
@@ -445,6 +528,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="say how many would be deleted, delete nothing")
     p.set_defaults(handler=_cmd_purge)
+
+    p = commands.add_parser(
+        "relay", help="publish events to BullMQ (or any publisher) until stopped",
+        description="Runs the worker loop: release expired claims, claim a batch, publish it "
+                    "outside any transaction (renewing the claims while a publish runs long), "
+                    "record the outcomes. SIGTERM or SIGINT stop it once the batch in hand "
+                    "is recorded; a second SIGINT stops it at once. A progress line goes to "
+                    "stderr every few seconds; payloads and credentials never do.")
+    _add_database_flag(p)
+    p.add_argument("--bullmq-url", metavar="REDIS_URL",
+                   help="publish to BullMQ on this Redis, redis://[:password@]host:port/db "
+                        "(default: $OUTBOX_BULLMQ_URL, which keeps a password out of ps); "
+                        "needs outbox-lite[bullmq] and --queue")
+    p.add_argument("--queue", metavar="NAME", help="the BullMQ queue to add jobs to")
+    p.add_argument("--publisher", metavar="MODULE:FACTORY",
+                   help="instead of BullMQ: publish with what this callable returns (an "
+                        "object with publish(events) and close())")
+    p.add_argument("--batch-size", type=_positive, default=100,
+                   help="events per claim and per publish (default: 100)")
+    p.add_argument("--lock-timeout", type=_seconds, default=300.0, metavar="SECONDS",
+                   help="claims older than this go back to other relays; a publish that runs "
+                        "longer renews its claims every third of it (default: 300)")
+    p.add_argument("--ordered", action="store_true",
+                   help="claim only the head of each aggregate, so its events are published "
+                        "one at a time in id order (every relay of the outbox must use it)")
+    p.add_argument("--worker-id", metavar="ID",
+                   help="the locked_by of this relay's claims (default: host:pid:random)")
+    p.add_argument("--until-empty", action="store_true",
+                   help="exit 0 once no event is pending or processing (with --ordered: but "
+                        "those behind a dead letter of their aggregate)")
+    p.add_argument("--progress-every", type=_seconds, default=5.0, metavar="SECONDS",
+                   help="seconds between progress lines (default: 5)")
+    p.set_defaults(handler=_cmd_relay)
     return parser
 
 
