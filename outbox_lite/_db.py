@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import peewee as pw
 import pymysql
@@ -198,6 +198,16 @@ class DatabaseUrl:
         auth = self.user + (":***" if self.password else "")
         host = f"[{self.host}]" if ":" in self.host else self.host
         query = "&".join(f"{k}={'***' if k in _SECRET_OPTIONS else v}" for k, v in self.options)
+        return f"mysql://{auth}@{host}:{self.port}/{self.name}" + (f"?{query}" if query else "")
+
+    def secret_text(self) -> str:
+        """The URL in full, password included (percent-encoded): for handing to a child
+        process, never for showing. ``DatabaseUrl.parse`` reads it back to an equal URL."""
+        auth = quote(self.user, safe="") + (f":{quote(self.password, safe='')}"
+                                            if self.password else "")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        query = "&".join(f"{k}={str(v).lower() if isinstance(v, bool) else quote(str(v))}"
+                         for k, v in self.options)
         return f"mysql://{auth}@{host}:{self.port}/{self.name}" + (f"?{query}" if query else "")
 
     def _params(self) -> dict[str, Any]:

@@ -255,8 +255,10 @@ class Relay:
         s = self.stats
         elapsed = max(time.monotonic() - s.started, 1e-9)
         logger.info("relay %s: %d published, %d retried, %d dead, %d lost, %d released"
-                    " (%.0f events/s)", self.worker_id, s.published, s.retried, s.dead, s.lost,
-                    s.released, s.published / elapsed)
+                    " (%.0f events/s; seconds in claim %.2f, publish %.2f, record %.2f,"
+                    " idle %.2f)", self.worker_id, s.published, s.retried, s.dead, s.lost,
+                    s.released, s.published / elapsed, s.claim_seconds, s.publish_seconds,
+                    s.record_seconds, s.idle_seconds)
 
     # -- one batch --------------------------------------------------------------------------
 

@@ -331,3 +331,15 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
     with conn.cursor() as cur:
         cur.execute(f"SELECT name FROM `{fresh_url.name}`.outbox_lite_migrations")
         assert cur.fetchall() == (("001_create_outbox_event",),)
+
+
+@pytest.mark.parametrize("url", [
+    "mysql://root@127.0.0.1:3306/x",
+    "mysql://a%40b:p/a#s?s@db.example:3307/app?ssl_verify_cert=true&connect_timeout=2.5",
+    "mysql://u:%25x%20y@[::1]:3306/d?ssl_ca=/etc/ssl/a%20b.pem",
+])
+def test_secret_text_reads_back_as_the_same_url_and_str_never_shows_the_password(url):
+    parsed = DatabaseUrl.parse(url)
+    assert DatabaseUrl.parse(parsed.secret_text()) == parsed
+    if parsed.password:
+        assert parsed.password not in str(parsed) and "***" in str(parsed)

@@ -212,7 +212,7 @@ def test_worker_processes_killed_while_holding_claims(db, db_url, sink, fetch):
     ids = seed(OutboxRepository(db), 120)
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Queue()
-    procs = [ctx.Process(target=_proc.claim_then_hang, args=(str_url(db_url), f"p{i}", 20,
+    procs = [ctx.Process(target=_proc.claim_then_hang, args=(db_url.secret_text(), f"p{i}", 20,
                                                             ready)) for i in range(3)]
     for p in procs:
         p.start()
@@ -247,7 +247,7 @@ def test_dedupe_key_raced_by_many_processes_has_exactly_one_row(db, db_url, fetc
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(6), ctx.Queue()
     procs = [ctx.Process(target=_proc.insert_key,
-                         args=(str_url(db_url), "order-1", barrier, results))
+                         args=(db_url.secret_text(), "order-1", barrier, results))
              for _ in range(6)]
     for p in procs:
         p.start()
@@ -258,11 +258,6 @@ def test_dedupe_key_raced_by_many_processes_has_exactly_one_row(db, db_url, fetc
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE dedupe_key = 'order-1'") == [
         {"n": 1}]
     assert fetch("SELECT COUNT(*) AS n FROM job") == [{"n": 1}]
-
-
-def str_url(url) -> str:
-    auth = url.user + (f":{url.password}" if url.password else "")
-    return f"mysql://{auth}@{url.host}:{url.port}/{url.name}"
 
 
 # ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import subprocess
@@ -19,10 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _url_text(url, user=None, password=None) -> str:
-    user = user or url.user
-    password = url.password if password is None else password
-    auth = user + (f":{password}" if password else "")
-    return f"mysql://{auth}@{url.host}:{url.port}/{url.name}"
+    return dataclasses.replace(url, user=user or url.user,
+                               password=url.password if password is None else password
+                               ).secret_text()
 
 
 def _dead_letter(repo, code, n=0):

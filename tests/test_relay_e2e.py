@@ -25,15 +25,10 @@ from _redis import SHARED_REDIS, consume
 TESTS = Path(__file__).resolve().parent
 
 
-def _url_text(url) -> str:
-    auth = url.user + (f":{url.password}" if url.password else "")
-    return f"mysql://{auth}@{url.host}:{url.port}/{url.name}"
-
-
 def _relay_process(db_url, *args, env=None, worker_id=None):
     """``outbox-lite relay`` in a process of its own (as ``python -m outbox_lite.cli``)."""
     command = [sys.executable, "-m", "outbox_lite.cli", "relay",
-               "--database-url", _url_text(db_url), "--progress-every", "0.5", *args]
+               "--database-url", db_url.secret_text(), "--progress-every", "0.5", *args]
     if worker_id:
         command += ["--worker-id", worker_id]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -249,7 +244,7 @@ def test_configuration_errors_are_one_line_without_a_traceback_or_a_password(
         db_url, tmp_path, args, code, words):
     command = [sys.executable, "-m", "outbox_lite.cli", "relay"]
     if "--database-url" not in args:
-        command += ["--database-url", _url_text(db_url)]
+        command += ["--database-url", db_url.secret_text()]
     result = subprocess.run(command + args, capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHONPATH": str(TESTS),
                                  "OUTBOX_TEST_GATE": str(tmp_path)})
