@@ -15,7 +15,7 @@ from playhouse.pool import PooledMySQLDatabase
 from outbox_lite import Backoff, InvalidEventError, OutboxRepository
 from outbox_lite.relay import Relay, default_worker_id
 
-from conftest import seed
+from conftest import capture_sql, seed
 
 
 class Broker:
@@ -232,6 +232,46 @@ def test_run_until_empty_drains_then_returns(db, repo, fetch):
     assert fetch("SELECT status, COUNT(*) AS n FROM outbox_event GROUP BY status") == [
         {"status": "published", "n": 250}]
     assert [len(b) for b in broker.batches] == [100, 100, 50]
+
+
+def test_a_running_relay_records_each_batch_in_the_next_claims_transaction(db, repo, fetch):
+    seed(repo, 50)
+    relay = _relay(repo, Broker(), batch_size=10)
+    with capture_sql(db) as statements:
+        _drain(relay)
+    kinds = [sql.split()[0] if not sql.startswith("UPDATE") else
+             ("PUBLISH" if "'published'" in sql else "CLAIM" if "'processing'" in sql else sql)
+             for sql, _ in statements if not sql.startswith("SELECT")]
+    # One commit per round: the claim, then (publish) the record with the next claim.
+    assert kinds == ["BEGIN", "CLAIM", "COMMIT"] + [
+        "BEGIN", "PUBLISH", "CLAIM", "COMMIT"] * 4 + ["BEGIN", "PUBLISH", "COMMIT"]
+    assert relay.stats.published == 50 and relay.stats.rounds == 6
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'published'") == [
+        {"n": 50}]
+
+
+def test_a_claim_that_fails_takes_the_carried_record_with_it_and_both_are_retried(
+        db, repo, fetch):
+    ids = seed(repo, 20)
+    failures = []
+
+    class ConflictOnce(OutboxRepository):
+        def claim_batch(self, *args, **kwargs):
+            if len(failures) == 0 and self.database.execute_sql(
+                    "SELECT COUNT(*) FROM outbox_event WHERE status = 'published'"
+            ).fetchone()[0] == 10:  # the carried record is in, uncommitted: fail now
+                failures.append("deadlock")
+                from outbox_lite import LockConflictError
+                raise LockConflictError(1213, "Deadlock found (on purpose)")
+            return super().claim_batch(*args, **kwargs)
+
+    conflicted = ConflictOnce(db, clock=repo.clock)
+    relay = _relay(conflicted, Broker(), batch_size=10)
+    _drain(relay, timeout=20)  # a relay that dropped the carried record would never drain
+    assert failures == ["deadlock"] and relay.stats.lock_conflicts == 1
+    assert relay.stats.published == 20 and relay.stats.lost == 0
+    assert fetch("SELECT id FROM outbox_event WHERE status = 'published' ORDER BY id") == [
+        {"id": i} for i in ids]
 
 
 def test_ordered_until_empty_leaves_what_waits_behind_a_dead_letter(db, repo, fetch):
