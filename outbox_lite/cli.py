@@ -18,17 +18,15 @@ import re
 import signal
 import sys
 import threading
-from importlib import metadata
 from typing import Any, Callable, Iterator, NamedTuple, NoReturn, Sequence
 
 import peewee as pw
 import pymysql
 
 from . import __version__, _checks
-from . import migrate as schema
 from ._db import DEFAULT_URL, DatabaseExistsError, DatabaseUrl, DatabaseUrlError
 from .errors import OutboxError, driver_errno
-from .models import MAX_ERROR_CODE_LENGTH, OutboxStatus
+from .models import HISTORY_TABLE, MAX_ERROR_CODE_LENGTH, OutboxStatus
 from .payload import redact
 from .repository import OutboxRepository
 
@@ -71,7 +69,7 @@ def _describe(exc: BaseException, url: DatabaseUrl | None, command: str) -> str:
         denied = _DENIED_RE.search(str(getattr(driver, "orig", driver)))
         if denied:
             what, user, table = denied.groups()
-            hint = _PRIVILEGE_HINTS.get(command, _GRANTS).format(history=schema.HISTORY_TABLE)
+            hint = _PRIVILEGE_HINTS.get(command, _GRANTS).format(history=HISTORY_TABLE)
             return f"user {user} lacks the {what} privilege on table {table}: {hint}"
     if url is not None and errno in _SERVER_ERRORS:
         return _SERVER_ERRORS[errno].format(url=url)
@@ -163,6 +161,8 @@ def _plural(count: int, noun: str) -> str:
 # ---------------------------------------------------------------------------
 
 def _cmd_migrate(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    from . import migrate as schema  # peewee-migrate: only this command pays its import
+
     if args.rollback:
         if not url.exists():  # never create anything to undo nothing
             print(f"nothing to roll back: database {url.name} does not exist")
@@ -311,7 +311,7 @@ def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
     try:
         relay = Relay(repo, publisher, worker_id=args.worker_id, batch_size=args.batch_size,
                       lock_timeout=args.lock_timeout, ordered=args.ordered,
-                      progress_every=args.progress_every)
+                      max_idle_pause=args.max_idle_pause, progress_every=args.progress_every)
         repo.stats()  # a wrong URL, a missing grant or table: one line now, not in the loop
         logging.getLogger("outbox_lite.relay").setLevel(logging.INFO)
         stop = threading.Event()
@@ -398,6 +398,8 @@ class _Parser(argparse.ArgumentParser):
 
 def version_line() -> str:
     """outbox_lite's version and those of the Peewee line and drivers it runs on."""
+    from importlib import metadata  # only here: it costs every other command's start-up
+
     return (f"outbox-lite {__version__} (Peewee {metadata.version('peewee')}, "
             f"peewee-migrate {metadata.version('peewee-migrate')}, "
             f"PyMySQL {metadata.version('PyMySQL')}, Python {platform.python_version()})")
@@ -464,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser(
         "migrate", help="apply pending schema migrations (creates the database if missing)",
         description="Apply pending migrations; a second run is a no-op (a user with SELECT "
-                    f"on {schema.HISTORY_TABLE} and no DDL rights can run it to check). "
+                    f"on {HISTORY_TABLE} and no DDL rights can run it to check). "
                     "--rollback undoes the last applied migration instead, and changes "
                     "nothing on a database never migrated.")
     _add_database_flag(p)
@@ -558,6 +560,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until-empty", action="store_true",
                    help="exit 0 once no event is pending or processing (with --ordered: but "
                         "those behind a dead letter of their aggregate)")
+    p.add_argument("--max-idle-pause", type=_seconds, default=0.05, metavar="SECONDS",
+                   help="the longest wait between polls of an empty outbox, which bounds the "
+                        "delay of an event after a quiet spell: a longer one costs the server "
+                        "fewer queries (default: 0.05, about 60 queries/s)")
     p.add_argument("--progress-every", type=_seconds, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default: 5)")
     p.set_defaults(handler=_cmd_relay)

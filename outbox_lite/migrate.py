@@ -17,7 +17,9 @@ import peewee as pw
 from peewee_migrate import Router
 from peewee_migrate.models import MigrateHistory
 
-HISTORY_TABLE = "outbox_lite_migrations"
+from .models import HISTORY_TABLE
+
+__all__ = ["HISTORY_TABLE", "applied", "migrate", "migrations_dir", "rollback"]
 
 logger = logging.getLogger(__name__)
 

@@ -15,6 +15,8 @@ from typing import Any
 import peewee as pw
 
 TABLE_NAME = "outbox_event"
+#: The migrations' own history table (see :mod:`outbox_lite.migrate`).
+HISTORY_TABLE = "outbox_lite_migrations"
 
 #: Column sizes, in characters, shared by the validation and the migration's test.
 MAX_NAME_LENGTH = 255
