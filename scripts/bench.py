@@ -14,7 +14,9 @@ baseline (same SQL work, no ORM), and the median of the rounds' ratios library/r
 * ordered: claim_batch(ordered=True) + batch publish against the unordered claim on the same
   events (400 aggregates x 10), 4 processes, and the worst case (one hot aggregate);
 * ordered-latency: claim_batch(ordered=True) latency against the unordered claim's, each on a
-  table of 200,000 published and 10,000 pending events over 2,000 aggregates.
+  table of 200,000 published and 10,000 pending events over 2,000 aggregates;
+* relay, relay-latency: outbox-lite relay to BullMQ against Queue.addBulk alone and a raw
+  twin, and the COMMIT-to-Redis latency (scripts/bench_relay.py, which runs them alone too).
 
 Usage: python scripts/bench.py [--database-url URL] [--rounds 9] [--json]
 """
@@ -400,7 +402,8 @@ def _median_pair(rounds: int, first: Callable[[], float], second: Callable[[], f
             statistics.median(x / y for x, y in zip(a, b)))
 
 
-MEASURES = ("claim", "claim-many", "write", "latency", "ordered", "ordered-latency")
+MEASURES = ("claim", "claim-many", "write", "latency", "ordered", "ordered-latency", "relay",
+            "relay-latency")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="aggregates of 10 events for the ordered measure (default 400)")
     parser.add_argument("--hot-events", type=int, default=1000,
                         help="events of the one hot aggregate, ordered worst case (default 1000)")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0",
+                        help="Redis for the relay measures (default: redis://127.0.0.1:6379/0)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--claim-window", type=int, default=CLAIM_WINDOW,
                         help=f"claim_window for both sides (default: the library's, "
@@ -451,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
                       window=args.claim_window, threads=args.threads)
         only = set(args.only or MEASURES)
         rows: list[tuple[str, float, float, float, str, bool | None]] = []
+        report: dict[str, Any] = {}
         if "claim" in only:
             lib, raw, ratio = _median_pair(args.rounds,
                                            lambda: bench.claim_throughput(Library),
@@ -501,6 +507,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"ordered / unordered claim ms, {args.loaded_rows} published",
                          ordered, unordered, ordered / unordered, "<= 1.50",
                          ordered / unordered <= 1.50))
+        relay_measures = {"relay": "relay", "relay-latency": "latency"}
+        if only & set(relay_measures):
+            import bench_relay  # beside this script; needs the [bullmq] extra and Redis
+
+            report = bench_relay.run_measures(
+                url, args.redis_url, {relay_measures[m] for m in only & set(relay_measures)},
+                rounds=args.rounds, events=20_000, batch=100, workers=args.workers, rate=200,
+                seconds=20)
         bench.admin.close()
     finally:
         url.drop_database()
@@ -509,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps([{"measure": m, "library_or_loaded": round(a, 3),
                            "raw_or_empty": round(b, 3), "ratio": round(r, 3), "target": t,
-                           "met": ok} for m, a, b, r, t, ok in rows], indent=2))
+                           "met": ok} for m, a, b, r, t, ok in rows]
+                         + ([{"measure": "relay", **report}] if report else []), indent=2))
     else:
         print(f"{'measure':<46} {'library':>10} {'raw':>10} {'ratio':>7}  target")
         print(f"{'':<46} {'(loaded)':>10} {'(empty)':>10}")
@@ -519,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"medians of {args.rounds} alternating rounds (ratio: the median of the rounds'"
               f" own ratios); latency: median of {args.rounds} x 40 claims on each table,"
               " alternating one by one")
+        if report:
+            import bench_relay
+
+            print(bench_relay.format_report(report))
     return 0
 
 

@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""The relay against BullMQ's own limit and a raw twin, side by side in one run.
+
+Throughput (``--only relay``): ``--workers`` fresh processes drain ``--events`` events in
+batches of ``--batch``, start-up counted (from the first spawn to the last exit), three ways
+that take turns round by round:
+
+* ``addBulk``: fresh processes add the same jobs (names, data, ids, job options) with
+  ``Queue.addBulk``, no database: BullMQ's own limit here;
+* ``relay``: fresh ``outbox-lite relay --until-empty`` processes;
+* ``twin``: fresh processes of a raw twin, PyMySQL and the same ``bullmq`` calls without
+  outbox_lite (the library's claim protocol written out, the same idle pause): the library's
+  own overhead is relay / twin.
+
+Each side is checked: one waiting job per event, every event published. The relays' time
+split (claim, publish, record, idle) comes from their last progress line.
+
+Latency (``--only latency``): one relay at the default settings while a writer commits
+``--rate`` business transactions a second, each with one event; the time from each COMMIT to
+its job's ``added`` entry in the queue's event stream (whose id is the Redis server's clock),
+p50 and p99. Then the relay alone on an empty outbox: the queries a second its idle pause
+costs (the server's ``Questions`` counter).
+
+Usage: python scripts/bench_relay.py [--database-url URL] [--redis-url URL] [--rounds 3]
+       [--events 20000] [--batch 100] [--workers 4] [--rate 200] [--seconds 20] [--json]
+Also run by ``python scripts/bench.py --only relay --only relay-latency``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512",
+           "priority": 3, "tags": ["image", "resize"]}
+#: The publisher's default job options (retention), spelled out so the baseline and the twin
+#: need not import outbox_lite; checked against the publisher's in ``compare``.
+JOB_OPTIONS = {"removeOnComplete": {"age": 86400}, "removeOnFail": {"age": 604800}}
+#: outbox_event's columns, the row the library reads for each claimed event (checked in
+#: ``compare`` against outbox_lite.models.COLUMNS): the twin reads the same rows.
+COLUMNS = ("id", "event_type", "aggregate_type", "aggregate_id", "dedupe_key", "payload",
+           "status", "attempt_count", "available_at", "locked_at", "locked_by", "published_at",
+           "last_error_code", "last_error_message", "created_at", "updated_at")
+_ROW = {name: n for n, name in enumerate(COLUMNS)}
+_PROGRESS = re.compile(r"seconds in claim ([\d.]+), publish ([\d.]+), record ([\d.]+),"
+                       r" idle ([\d.]+)")
+
+
+def _job_id(dedupe_key: str) -> str:
+    return "outbox-" + quote(dedupe_key, safe="-._~")
+
+
+# ---------------------------------------------------------------------------
+# The fresh processes' bodies (``python bench_relay.py _addbulk|_twin …``): they import
+# nothing of outbox_lite, so their start-up is BullMQ's (and PyMySQL's) alone.
+# ---------------------------------------------------------------------------
+
+def _addbulk_main(redis_url: str, queue: str, first: int, count: int, batch: int,
+                  run: str) -> None:
+    from bullmq import Queue
+
+    jobs = [{"name": "job.created", "data": {**PAYLOAD, "job_id": n},
+             "opts": {"jobId": _job_id(f"{run}-{n}")}} for n in range(first, first + count)]
+
+    async def main() -> None:
+        q = Queue(queue, {"connection": redis_url, "defaultJobOptions": JOB_OPTIONS})
+        for i in range(0, len(jobs), batch):
+            await q.addBulk(jobs[i:i + batch])
+        await q.close()
+
+    asyncio.run(main())
+
+
+_CANDIDATES = ("SELECT id FROM outbox_event FORCE INDEX (ix_outbox_event_status_available_at)"
+               " WHERE status = 'pending' AND available_at <= %s{after}"
+               " ORDER BY available_at, id LIMIT %s")
+
+
+def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
+               worker: str) -> None:
+    """The relay's work without outbox_lite: claim (candidates lock-free, then the rows FOR
+    UPDATE SKIP LOCKED by primary key, then UPDATE) in a transaction that first records the previous
+    batch (one UPDATE), addBulk; the relay's default idle pause (10 ms doubling to 50 ms) and the same
+    exit rule (nothing pending or processing)."""
+    import pymysql
+    from bullmq import Queue
+
+    conn = pymysql.connect(autocommit=True, charset="utf8mb4", **db)
+    cur = conn.cursor()
+
+    def claim(published: list[int]) -> list[tuple[Any, ...]]:
+        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        conn.begin()
+        if published:
+            record(published)
+        rows: list[tuple[Any, ...]] = []
+        after: tuple[Any, int] | None = None
+        while len(rows) < batch:
+            keyset, params = "", [now]  # type: str, list[Any]
+            if after is not None:
+                keyset = " AND (available_at > %s OR (available_at = %s AND id > %s))"
+                params += [after[0], after[0], after[1]]
+            cur.execute(_CANDIDATES.format(after=keyset), (*params, batch * 4))
+            ids = [r[0] for r in cur.fetchall()]
+            if not ids:
+                break
+            marks = ", ".join(["%s"] * len(ids))
+            cur.execute(f"SELECT {', '.join(COLUMNS)} FROM"
+                        f" outbox_event FORCE INDEX (PRIMARY) WHERE id IN ({marks}) AND"
+                        " status = 'pending' AND available_at <= %s LIMIT %s"
+                        " FOR UPDATE SKIP LOCKED", (*ids, now, batch - len(rows)))
+            rows += cur.fetchall()
+            if len(ids) < batch * 4 or len(rows) >= batch:
+                break
+            cur.execute("SELECT available_at FROM outbox_event WHERE id = %s", (ids[-1],))
+            after = (cur.fetchone()[0], ids[-1])  # type: ignore[index]
+        if rows:
+            marks = ", ".join(["%s"] * len(rows))
+            cur.execute("UPDATE outbox_event FORCE INDEX (PRIMARY) SET status = 'processing',"
+                        " locked_by = %s, locked_at = %s, attempt_count = attempt_count + 1,"
+                        f" updated_at = %s WHERE id IN ({marks})",
+                        (worker, now, now, *(r[0] for r in rows)))
+        conn.commit()
+        rows.sort(key=lambda r: (r[_ROW["available_at"]], r[0]))
+        return rows
+
+    def record(ids: list[int]) -> None:
+        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        marks = ", ".join(["%s"] * len(ids))
+        cur.execute("UPDATE outbox_event FORCE INDEX (PRIMARY) SET status = 'published',"
+                    " published_at = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
+                    f" WHERE id IN ({marks}) AND status = 'processing' AND locked_by = %s",
+                    (now, now, *sorted(ids), worker))
+
+    async def main() -> None:
+        q = Queue(queue, {"connection": redis_url, "defaultJobOptions": JOB_OPTIONS})
+        pause = 0.0
+        published: list[int] = []
+        while True:
+            rows = claim(published)
+            published = []
+            if rows:
+                pause = 0.0
+                await q.addBulk([{"name": r[_ROW["event_type"]],
+                                  "data": json.loads(r[_ROW["payload"]]),
+                                  "opts": {"jobId": _job_id(r[_ROW["dedupe_key"]])}}
+                                 for r in rows])
+                published = [r[0] for r in rows]
+                continue
+            cur.execute("SELECT COUNT(*) FROM outbox_event FORCE INDEX"
+                        " (ix_outbox_event_status_available_at) WHERE status IN"
+                        " ('pending', 'processing')")
+            if cur.fetchone()[0] == 0:  # type: ignore[index]
+                break
+            pause = min(0.05, pause * 2 or 0.01)
+            time.sleep(pause)
+        await q.close()
+
+    asyncio.run(main())
+    conn.close()
+
+
+# ---------------------------------------------------------------------------
+# The parent: seeding, timing, checking
+# ---------------------------------------------------------------------------
+
+class _Sides:
+    def __init__(self, url: Any, redis_url: str, *, events: int, batch: int,
+                 workers: int) -> None:
+        import pymysql
+        import redis
+
+        self.url, self.redis_url = url, redis_url
+        self.events, self.batch, self.workers = events, batch, workers
+        self.admin = pymysql.connect(host=url.host, port=url.port, user=url.user,
+                                     password=url.password, database=url.name,
+                                     charset="utf8mb4", autocommit=True)
+        self.redis = redis.Redis.from_url(redis_url)
+
+    def close(self) -> None:
+        self.admin.close()
+        self.redis.close()
+
+    def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with self.admin.cursor() as cur:
+            cur.execute(statement, params)
+            return list(cur.fetchall())
+
+    def seed(self, run: str) -> None:
+        self.sql("TRUNCATE TABLE outbox_event")
+        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(seconds=1)
+        with self.admin.cursor() as cur:
+            for start in range(0, self.events, 2000):
+                cur.executemany(
+                    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
+                    " dedupe_key, payload, status, available_at, created_at, updated_at)"
+                    " VALUES ('job.created', 'ai_job', %s, %s, %s, 'pending', %s, %s, %s)",
+                    [(str(n), f"{run}-{n}", json.dumps({**PAYLOAD, "job_id": n}), now, now, now)
+                     for n in range(start, min(self.events, start + 2000))])
+
+    def _python(self, *args: str) -> list[str]:
+        return [sys.executable, str(HERE), *args]
+
+    def run(self, side: str) -> tuple[float, list[tuple[float, ...]]]:
+        """One round of ``side``: seconds from the first spawn to the last exit, and the
+        relays' time splits."""
+        run = uuid.uuid4().hex[:12]
+        queue = f"bench-relay-{run}"
+        if side != "addBulk":
+            self.seed(run)
+        share = -(-self.events // self.workers)
+        db = {"host": self.url.host, "port": self.url.port, "user": self.url.user,
+              "password": self.url.password, "database": self.url.name}
+        if side == "addBulk":
+            commands = [self._python("_addbulk", self.redis_url, queue, str(i * share),
+                                     str(min(share, self.events - i * share)),
+                                     str(self.batch), run) for i in range(self.workers)]
+        elif side == "twin":
+            commands = [self._python("_twin", json.dumps(db), self.redis_url, queue,
+                                     str(self.batch), f"twin-{i}")
+                        for i in range(self.workers)]
+        else:
+            commands = [[sys.executable, "-m", "outbox_lite.cli", "relay", "--database-url",
+                         self.url.secret_text(), "--bullmq-url", self.redis_url,
+                         "--queue", queue, "--batch-size", str(self.batch), "--until-empty",
+                         "--progress-every", "3600"] for _ in range(self.workers)]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        started = time.perf_counter()
+        procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True) for c in commands]
+        errors = [p.communicate(timeout=600)[1] for p in procs]
+        elapsed = time.perf_counter() - started
+        try:
+            failed = [e for p, e in zip(procs, errors) if p.returncode != 0]
+            if failed:
+                raise RuntimeError(f"{side} failed: {failed[0][-2000:]}")
+            waiting = self.redis.llen(f"bull:{queue}:wait")
+            if waiting != self.events:
+                raise AssertionError(f"{side}: {waiting} jobs waiting, not {self.events}")
+            if side != "addBulk":
+                [(published,)] = self.sql("SELECT COUNT(*) FROM outbox_event"
+                                          " WHERE status = 'published'")
+                if published != self.events:
+                    raise AssertionError(f"{side}: {published} published of {self.events}")
+            probe = _job_id(f"{run}-{self.events - 1}")
+            if not self.redis.exists(f"bull:{queue}:{probe}"):
+                raise AssertionError(f"{side}: the job ids are not the publisher's")
+        finally:
+            keys = list(self.redis.scan_iter(match=f"bull:{queue}:*", count=1000))
+            for i in range(0, len(keys), 1000):
+                self.redis.delete(*keys[i:i + 1000])
+        splits = [tuple(map(float, m.groups())) for e in errors
+                  for m in [_PROGRESS.search(e)] if m]
+        return elapsed, splits
+
+
+def compare(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, events: int = 20_000,
+            batch: int = 100, workers: int = 4, rounds: int = 3) -> dict[str, Any]:
+    """Take turns (A B C, C B A, …); returns per side the median events/s, the medians of the
+    rounds' own ratios, and the relays' median time split."""
+    from outbox_lite.models import COLUMNS as LIBRARY_COLUMNS
+    from outbox_lite.publishers.bullmq import DEFAULT_JOB_OPTIONS, job_id
+
+    assert LIBRARY_COLUMNS == COLUMNS, "outbox_event's columns changed"
+    assert dict(DEFAULT_JOB_OPTIONS) == JOB_OPTIONS, "the publisher's job options changed"
+    assert job_id("a b:c/é") == _job_id("a b:c/é"), "the publisher's job ids changed"
+    sides = _Sides(url, redis_url, events=events, batch=batch, workers=workers)
+    order = ["addBulk", "relay", "twin"]
+    rates: dict[str, list[float]] = {name: [] for name in order}
+    splits: list[tuple[float, ...]] = []
+    try:
+        for r in range(rounds):
+            for side in (order if r % 2 == 0 else order[::-1]):
+                seconds, split = sides.run(side)
+                rates[side].append(events / seconds)
+                splits += split
+    finally:
+        sides.close()
+    result: dict[str, Any] = {
+        side: statistics.median(values) for side, values in rates.items()}
+    result["relay/addBulk"] = statistics.median(
+        a / b for a, b in zip(rates["relay"], rates["addBulk"]))
+    result["relay/twin"] = statistics.median(
+        a / b for a, b in zip(rates["relay"], rates["twin"]))
+    result["twin/addBulk"] = statistics.median(
+        a / b for a, b in zip(rates["twin"], rates["addBulk"]))
+    result["split"] = {name: statistics.median(s[i] for s in splits) if splits else None
+                       for i, name in enumerate(("claim", "publish", "record", "idle"))}
+    result["rounds"] = {side: [round(v) for v in values] for side, values in rates.items()}
+    return result
+
+
+def latency(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, rate: float = 200,
+            seconds: float = 20, idle_seconds: float = 10) -> dict[str, Any]:
+    """COMMIT-to-Redis latency of one relay at its default settings under a steady write
+    rate, then the queries a second the relay costs on an empty outbox."""
+    import pymysql
+    import redis
+
+    run = uuid.uuid4().hex[:12]
+    queue = f"bench-latency-{run}"
+    conn = pymysql.connect(host=url.host, port=url.port, user=url.user, password=url.password,
+                           database=url.name, charset="utf8mb4", autocommit=True)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    cur = conn.cursor()
+    cur.execute("TRUNCATE TABLE outbox_event")
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "outbox_lite.cli", "relay", "--database-url",
+         url.secret_text(), "--bullmq-url", redis_url, "--queue", queue],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)  # let it start (imports, connections) before the clock matters
+        committed: dict[str, float] = {}
+        count = int(rate * seconds)
+        started = time.perf_counter()
+        for n in range(count):
+            due = started + n / rate
+            wait = due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)  # pacing the writer, not waiting on a lock
+            key = f"{run}-{n}"
+            now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+            conn.begin()
+            cur.execute("INSERT INTO job (name) VALUES (%s)", (key,))
+            cur.execute("INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
+                        " dedupe_key, payload, status, available_at, created_at, updated_at)"
+                        " VALUES ('job.created', 'ai_job', %s, %s, %s, 'pending', %s, %s, %s)",
+                        (str(n), key, json.dumps({**PAYLOAD, "job_id": n}), now, now, now))
+            conn.commit()
+            committed[_job_id(key)] = time.time() * 1000
+        deadline = time.monotonic() + 30
+        while client.llen(f"bull:{queue}:wait") < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        added: dict[str, float] = {}
+        for entry_id, fields in client.xrange(f"bull:{queue}:events", count=count * 4):
+            if fields.get("event") == "added":
+                added[fields["jobId"]] = float(entry_id.split("-")[0])
+        delays = sorted(added[j] - committed[j] for j in committed if j in added)
+        if len(delays) != count:
+            raise AssertionError(f"{len(delays)} of {count} jobs seen in the event stream")
+        # The idle cost: the relay alone on a drained outbox.
+        time.sleep(2)  # past its last work: its idle pause has grown to the cap
+        cur.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
+        before = int(cur.fetchone()[1])  # type: ignore[index]
+        time.sleep(idle_seconds)
+        cur.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
+        after = int(cur.fetchone()[1])  # type: ignore[index]
+    finally:
+        relay.terminate()
+        relay.communicate(timeout=60)
+        keys = list(client.scan_iter(match=f"bull:{queue}:*", count=1000))
+        for i in range(0, len(keys), 1000):
+            client.delete(*keys[i:i + 1000])
+        client.close()
+        conn.close()
+    return {"events": count, "rate": rate,
+            "p50_ms": statistics.median(delays),
+            "p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))],
+            "max_ms": delays[-1],
+            "idle_queries_per_s": (after - before - 1) / idle_seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] in ("_addbulk", "_twin"):
+        role, args = sys.argv[1], sys.argv[2:]
+        if role == "_addbulk":
+            _addbulk_main(args[0], args[1], int(args[2]), int(args[3]), int(args[4]), args[5])
+        else:
+            _twin_main(json.loads(args[0]), args[1], args[2], int(args[3]), args[4])
+        return 0
+    sys.path.insert(0, str(ROOT))  # runs from a checkout too
+    from outbox_lite import migrate as schema
+    from outbox_lite._db import DEFAULT_URL, DatabaseUrl
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", metavar="URL",
+                        help="server to use; runs in <database>_bench_relay, created and dropped"
+                             f" (default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})")
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
+                        help=f"Redis for BullMQ (default: {DEFAULT_REDIS_URL})")
+    parser.add_argument("--only", choices=("relay", "latency"), action="append",
+                        help="run only this measure (default: both)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per side (default 3)")
+    parser.add_argument("--events", type=int, default=20_000, help="events (default 20000)")
+    parser.add_argument("--batch", type=int, default=100, help="batch size (default 100)")
+    parser.add_argument("--workers", type=int, default=4, help="processes (default 4)")
+    parser.add_argument("--rate", type=float, default=200, help="events/s written (default 200)")
+    parser.add_argument("--seconds", type=float, default=20, help="writing time (default 20)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+    base = DatabaseUrl.parse(args.database_url or os.environ.get("OUTBOX_DATABASE_URL")
+                             or DEFAULT_URL)
+    url = base.with_name(f"{base.name}_bench_relay")
+    url.drop_database()
+    url.create_database()
+    try:
+        database = url.database()
+        schema.migrate(database)
+        database.execute_sql("CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+                             " name VARCHAR(64) NOT NULL) ENGINE=InnoDB")
+        database.close()
+        report = run_measures(url, args.redis_url, set(args.only or ("relay", "latency")),
+                              rounds=args.rounds, events=args.events, batch=args.batch,
+                              workers=args.workers, rate=args.rate, seconds=args.seconds)
+    finally:
+        url.drop_database()
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def run_measures(url: Any, redis_url: str, only: set[str], **sizes: Any) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    if "relay" in only:
+        report["relay"] = compare(url, redis_url, events=sizes["events"], batch=sizes["batch"],
+                                  workers=sizes["workers"], rounds=sizes["rounds"])
+    if "latency" in only:
+        report["latency"] = latency(url, redis_url, rate=sizes["rate"],
+                                    seconds=sizes["seconds"])
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = []
+    if "relay" in report:
+        r = report["relay"]
+        split = r["split"]
+        lines += [
+            f"relay to BullMQ, events/s (start-up counted): addBulk {r['addBulk']:,.0f},"
+            f" relay {r['relay']:,.0f}, raw twin {r['twin']:,.0f}",
+            f"  relay / addBulk {r['relay/addBulk']:.3f} (target >= 0.55),"
+            f" relay / twin {r['relay/twin']:.3f} (target >= 0.90),"
+            f" twin / addBulk {r['twin/addBulk']:.3f}",
+            "  relay time split per process, s: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in split.items() if v is not None),
+            f"  rounds: {r['rounds']}"]
+    if "latency" in report:
+        lat = report["latency"]
+        lines += [
+            f"COMMIT to job in Redis at {lat['rate']:g} events/s ({lat['events']} events, one"
+            f" relay, default settings): p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f}"
+            f" ms (target < 100), max {lat['max_ms']:.1f} ms",
+            f"  idle relay on an empty outbox: {lat['idle_queries_per_s']:.1f} queries/s"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
