@@ -59,6 +59,22 @@ def test_requeue_by_error_code_only_moves_those(repo, fetch):
     assert repo.requeue_failed([b.id], error_code="bad_payload") == 1
 
 
+def test_held_back_counts_each_pending_event_behind_a_dead_letter_once(db, repo, clock):
+    with db.atomic():
+        ids = {agg: [repo.create_in_transaction(event_type="e", aggregate_type="job",
+                                                aggregate_id=agg, payload={}).id
+                     for _ in range(4)] for agg in ("a", "b", "c")}
+    for agg, dead in (("a", 0), ("a", 1), ("b", 2)):  # a: two dead letters, b: its third
+        assert repo.mark_processing(ids[agg][dead], "w")
+        assert repo.mark_failed(ids[agg][dead], "w", "x", "y", retryable=False)
+    assert repo.mark_processing(ids["b"][3], "w")  # processing: not pending, not counted
+    assert repo.stats().held_back == 2  # a's last two; b's fourth is in flight
+    assert repo.requeue_failed([ids["a"][0]]) == 1
+    assert repo.stats().held_back == 2  # still behind a's second dead letter
+    assert repo.delete_failed(None) == 2
+    assert repo.stats().held_back == 0
+
+
 def test_delete_failed_deletes_only_the_dead_letters_named(repo, fetch):
     a = _dead_letter(repo, "http_500", 1)
     b = _dead_letter(repo, "bad_payload", 2)

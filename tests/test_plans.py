@@ -41,6 +41,8 @@ def captured(db, repo, clock):
         repo.requeue_failed()
         clock.advance(days=30)
         repo.purge_published(60)
+        assert repo.mark_processing(ids[100], "w")  # a dead letter for held_back to count
+        assert repo.mark_failed(ids[100], "w", "e", "m", retryable=False)
         repo.stats(lock_timeout=60)
     assert [sql for sql, _ in plans] == [sql for sql, _ in statements
                                          if sql not in ("BEGIN", "COMMIT")]
@@ -88,3 +90,12 @@ def test_lease_and_dead_letter_statements_were_checked(captured):
     kinds = {s.split(" SET ")[1][:9] for s, _ in captured if s.startswith("UPDATE")}
     assert "locked_at" in kinds  # extend_locks
     assert any(s.startswith("DELETE") and "'failed'" in s for s, _ in captured)
+
+
+def test_held_back_goes_from_the_dead_letters_to_what_waits_behind_them(captured):
+    [(sql, plans)] = [(s, p) for s, p in captured if s.startswith("SELECT COUNT(DISTINCT e.id)")]
+    dead, behind = plans
+    assert dead["table"] == "f" and dead["key"] == "ix_outbox_event_status_available_at"
+    assert behind["table"] == "e" and behind["key"] == "ix_outbox_event_aggregate", behind
+    refs = [part.rsplit(".", 1)[-1] for part in behind["ref"].split(",")]
+    assert refs == ["aggregate_type", "aggregate_id", "const"], behind
