@@ -48,13 +48,11 @@ from outbox_lite import migrate as schema  # noqa: E402
 from outbox_lite._db import DEFAULT_URL, DatabaseUrl  # noqa: E402
 from outbox_lite.models import COLUMNS  # noqa: E402
 
+import raw_outbox  # noqa: E402  (beside this script)
+from raw_outbox import utcnow  # noqa: E402
+
 PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512",
            "priority": 3, "tags": ["image", "resize"]}
-COLS = ", ".join(f"`{c}`" for c in COLUMNS)
-
-
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
 #: The event INSERT of the baselines, written without the library.
@@ -75,6 +73,8 @@ def _event_row(job_id: int, n: int, now: dt.datetime) -> tuple[Any, ...]:
 # ---------------------------------------------------------------------------
 
 CLAIM_WINDOW = OutboxRepository(pw.MySQLDatabase(None)).claim_window  # the library's default
+assert (CLAIM_WINDOW, COLUMNS) == (raw_outbox.CLAIM_WINDOW, raw_outbox.COLUMNS), \
+    "scripts/raw_outbox.py no longer does the library's work"
 
 
 class Raw:
@@ -93,61 +93,19 @@ class Raw:
             self.conn.commit()
 
     def claim(self, worker: str, limit: int) -> list[tuple[Any, ...]]:
-        now = utcnow()
-        size = limit * self.window
         with self.conn.cursor() as cur:
             self.conn.begin()
-            rows: list[tuple[Any, ...]] = []
-            after: tuple[Any, int] | None = None
-            while len(rows) < limit:  # page on past candidates other workers hold
-                keyset, params = "", [now]  # type: tuple[str, list[Any]]
-                if after is not None:
-                    keyset = " AND (available_at > %s OR (available_at = %s AND id > %s))"
-                    params += [after[0], after[0], after[1]]
-                cur.execute("SELECT id FROM outbox_event FORCE INDEX"
-                            " (ix_outbox_event_status_available_at) WHERE status = 'pending'"
-                            f" AND available_at <= %s{keyset} ORDER BY available_at, id"
-                            " LIMIT %s", (*params, size))
-                ids = [row[0] for row in cur.fetchall()]
-                if not ids:
-                    break
-                marks = ", ".join(["%s"] * len(ids))
-                cur.execute(f"SELECT {COLS} FROM outbox_event FORCE INDEX (PRIMARY)"
-                            f" WHERE id IN ({marks}) AND status = 'pending' AND available_at"
-                            " <= %s LIMIT %s FOR UPDATE SKIP LOCKED",
-                            (*ids, now, limit - len(rows)))
-                rows += [(*row[:5], json.loads(row[5]), *row[6:]) for row in cur.fetchall()]
-                if len(ids) < size or len(rows) >= limit:
-                    break
-                cur.execute("SELECT available_at FROM outbox_event WHERE id = %s", (ids[-1],))
-                after = (cur.fetchone()[0], ids[-1])  # type: ignore[index]
-            if rows:
-                marks = ", ".join(["%s"] * len(rows))
-                cur.execute("UPDATE outbox_event FORCE INDEX (PRIMARY) SET status ="
-                            " 'processing', locked_by = %s, locked_at = %s, attempt_count ="
-                            f" attempt_count + 1, updated_at = %s WHERE id IN ({marks})",
-                            (worker, now, now, *(row[0] for row in rows)))
+            rows = raw_outbox.claim(cur, worker, limit, self.window)
             self.conn.commit()
-            return rows
+        return [(*row[:5], json.loads(row[5]), *row[6:]) for row in rows]
 
     def publish(self, event_id: int, worker: str) -> bool:
-        now = utcnow()
         with self.conn.cursor() as cur:
-            return cur.execute(
-                "UPDATE outbox_event FORCE INDEX (PRIMARY) SET status = 'published',"
-                " published_at = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
-                " WHERE id = %s AND status = 'processing' AND locked_by = %s",
-                (now, now, event_id, worker)) == 1
+            return raw_outbox.publish(cur, event_id, worker)
 
     def publish_many(self, event_ids: list[int], worker: str) -> int:
-        now = utcnow()
-        marks = ", ".join(["%s"] * len(event_ids))
         with self.conn.cursor() as cur:
-            return cur.execute(
-                "UPDATE outbox_event FORCE INDEX (PRIMARY) SET status = 'published',"
-                " published_at = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
-                f" WHERE id IN ({marks}) AND status = 'processing' AND locked_by = %s",
-                (now, now, *sorted(event_ids), worker))
+            return raw_outbox.publish_many(cur, event_ids, worker)
 
     def close(self) -> None:
         self.conn.close()

@@ -42,6 +42,8 @@ import redis  # noqa: E402
 from outbox_lite import OutboxEvent  # noqa: E402
 from outbox_lite.publishers.bullmq import DEFAULT_JOB_OPTIONS, BullMQPublisher, job_id  # noqa: E402
 
+from bench_relay import delete_queue  # noqa: E402  (beside this script)
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: The same shape as scripts/bench.py's event payload.
 JOB_DATA = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512",
@@ -142,9 +144,7 @@ def throughput(worker: Callable[..., None], redis_url: str, *, jobs: int, batch:
         if waiting != jobs:
             raise AssertionError(f"{worker.__name__}: {waiting} jobs waiting, not {jobs}")
     finally:
-        keys = list(client.scan_iter(match=f"bull:{queue}:*", count=1000))
-        for i in range(0, len(keys), 1000):
-            client.delete(*keys[i:i + 1000])
+        delete_queue(client, queue)
         client.close()
     started = min(o[0] for o in outcomes)
     ended = max(o[1] for o in outcomes)

@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import raw_outbox  # beside this script: the library's SQL without the library
+
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -51,12 +53,7 @@ PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x5
 #: The publisher's default job options (retention), spelled out so the baseline and the twin
 #: need not import outbox_lite; checked against the publisher's in ``compare``.
 JOB_OPTIONS = {"removeOnComplete": {"age": 86400}, "removeOnFail": {"age": 604800}}
-#: outbox_event's columns, the row the library reads for each claimed event (checked in
-#: ``compare`` against outbox_lite.models.COLUMNS): the twin reads the same rows.
-COLUMNS = ("id", "event_type", "aggregate_type", "aggregate_id", "dedupe_key", "payload",
-           "status", "attempt_count", "available_at", "locked_at", "locked_by", "published_at",
-           "last_error_code", "last_error_message", "created_at", "updated_at")
-_ROW = {name: n for n, name in enumerate(COLUMNS)}
+_ROW = {name: n for n, name in enumerate(raw_outbox.COLUMNS)}
 _PROGRESS = re.compile(r"seconds in claim ([\d.]+), publish ([\d.]+), record ([\d.]+),"
                        r" idle ([\d.]+)")
 
@@ -86,17 +83,12 @@ def _addbulk_main(redis_url: str, queue: str, first: int, count: int, batch: int
     asyncio.run(main())
 
 
-_CANDIDATES = ("SELECT id FROM outbox_event FORCE INDEX (ix_outbox_event_status_available_at)"
-               " WHERE status = 'pending' AND available_at <= %s{after}"
-               " ORDER BY available_at, id LIMIT %s")
-
-
 def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
                worker: str) -> None:
-    """The relay's work without outbox_lite: claim (candidates lock-free, then the rows FOR
-    UPDATE SKIP LOCKED by primary key, then UPDATE) in a transaction that first records the previous
-    batch (one UPDATE), addBulk; the relay's default idle pause (10 ms doubling to 50 ms) and the same
-    exit rule (nothing pending or processing)."""
+    """The relay's work without outbox_lite: the library's claim (raw_outbox.claim) in a
+    transaction that first records the previous batch (one UPDATE), then addBulk; the relay's
+    default idle pause (10 ms doubling to 50 ms) and its exit rule (nothing pending or
+    processing)."""
     import pymysql
     from bullmq import Queue
 
@@ -104,48 +96,12 @@ def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
     cur = conn.cursor()
 
     def claim(published: list[int]) -> list[tuple[Any, ...]]:
-        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
         conn.begin()
         if published:
-            record(published)
-        rows: list[tuple[Any, ...]] = []
-        after: tuple[Any, int] | None = None
-        while len(rows) < batch:
-            keyset, params = "", [now]  # type: str, list[Any]
-            if after is not None:
-                keyset = " AND (available_at > %s OR (available_at = %s AND id > %s))"
-                params += [after[0], after[0], after[1]]
-            cur.execute(_CANDIDATES.format(after=keyset), (*params, batch * 4))
-            ids = [r[0] for r in cur.fetchall()]
-            if not ids:
-                break
-            marks = ", ".join(["%s"] * len(ids))
-            cur.execute(f"SELECT {', '.join(COLUMNS)} FROM"
-                        f" outbox_event FORCE INDEX (PRIMARY) WHERE id IN ({marks}) AND"
-                        " status = 'pending' AND available_at <= %s LIMIT %s"
-                        " FOR UPDATE SKIP LOCKED", (*ids, now, batch - len(rows)))
-            rows += cur.fetchall()
-            if len(ids) < batch * 4 or len(rows) >= batch:
-                break
-            cur.execute("SELECT available_at FROM outbox_event WHERE id = %s", (ids[-1],))
-            after = (cur.fetchone()[0], ids[-1])  # type: ignore[index]
-        if rows:
-            marks = ", ".join(["%s"] * len(rows))
-            cur.execute("UPDATE outbox_event FORCE INDEX (PRIMARY) SET status = 'processing',"
-                        " locked_by = %s, locked_at = %s, attempt_count = attempt_count + 1,"
-                        f" updated_at = %s WHERE id IN ({marks})",
-                        (worker, now, now, *(r[0] for r in rows)))
+            raw_outbox.publish_many(cur, published, worker)
+        rows = raw_outbox.claim(cur, worker, batch)
         conn.commit()
-        rows.sort(key=lambda r: (r[_ROW["available_at"]], r[0]))
         return rows
-
-    def record(ids: list[int]) -> None:
-        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-        marks = ", ".join(["%s"] * len(ids))
-        cur.execute("UPDATE outbox_event FORCE INDEX (PRIMARY) SET status = 'published',"
-                    " published_at = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
-                    f" WHERE id IN ({marks}) AND status = 'processing' AND locked_by = %s",
-                    (now, now, *sorted(ids), worker))
 
     async def main() -> None:
         q = Queue(queue, {"connection": redis_url, "defaultJobOptions": JOB_OPTIONS})
@@ -178,6 +134,13 @@ def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
 # ---------------------------------------------------------------------------
 # The parent: seeding, timing, checking
 # ---------------------------------------------------------------------------
+
+def delete_queue(client: Any, queue: str) -> None:
+    """Delete every key of BullMQ's ``queue`` (its jobs' and its own)."""
+    keys = list(client.scan_iter(match=f"bull:{queue}:*", count=1000))
+    for i in range(0, len(keys), 1000):
+        client.delete(*keys[i:i + 1000])
+
 
 class _Sides:
     def __init__(self, url: Any, redis_url: str, *, events: int, batch: int,
@@ -261,9 +224,7 @@ class _Sides:
             if not self.redis.exists(f"bull:{queue}:{probe}"):
                 raise AssertionError(f"{side}: the job ids are not the publisher's")
         finally:
-            keys = list(self.redis.scan_iter(match=f"bull:{queue}:*", count=1000))
-            for i in range(0, len(keys), 1000):
-                self.redis.delete(*keys[i:i + 1000])
+            delete_queue(self.redis, queue)
         splits = [tuple(map(float, m.groups())) for e in errors
                   for m in [_PROGRESS.search(e)] if m]
         return elapsed, splits
@@ -276,7 +237,7 @@ def compare(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, events: int = 20_00
     from outbox_lite.models import COLUMNS as LIBRARY_COLUMNS
     from outbox_lite.publishers.bullmq import DEFAULT_JOB_OPTIONS, job_id
 
-    assert LIBRARY_COLUMNS == COLUMNS, "outbox_event's columns changed"
+    assert LIBRARY_COLUMNS == raw_outbox.COLUMNS, "outbox_event's columns changed"
     assert dict(DEFAULT_JOB_OPTIONS) == JOB_OPTIONS, "the publisher's job options changed"
     assert job_id("a b:c/é") == _job_id("a b:c/é"), "the publisher's job ids changed"
     sides = _Sides(url, redis_url, events=events, batch=batch, workers=workers)
@@ -364,9 +325,7 @@ def latency(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, rate: float = 200,
     finally:
         relay.terminate()
         relay.communicate(timeout=60)
-        keys = list(client.scan_iter(match=f"bull:{queue}:*", count=1000))
-        for i in range(0, len(keys), 1000):
-            client.delete(*keys[i:i + 1000])
+        delete_queue(client, queue)
         client.close()
         conn.close()
     return {"events": count, "rate": rate,

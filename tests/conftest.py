@@ -177,6 +177,13 @@ def seed(repo: OutboxRepository, count: int, **overrides: Any) -> list[int]:
                 for n in range(count)]
 
 
+def claim_all(repo: OutboxRepository, worker: str, count: int) -> list[int]:
+    """Seed ``count`` events and claim them all for ``worker``; returns their ids."""
+    seed(repo, count)
+    with repo.database.atomic():
+        return [e.id for e in repo.claim_batch(worker, limit=count)]
+
+
 def run_threads(count: int, target: Callable[[int], Any], database: Any = None,
                 ) -> tuple[list[Any], list[BaseException]]:
     """Start ``count`` threads released together by a Barrier; return results and errors.

@@ -8,17 +8,11 @@ import pytest
 
 from outbox_lite import InvalidEventError
 
-from conftest import T0, run_threads, seed
-
-
-def _claimed(db, repo, worker, count):
-    seed(repo, count)
-    with db.atomic():
-        return [e.id for e in repo.claim_batch(worker, limit=count)]
+from conftest import claim_all, T0, run_threads, seed
 
 
 def test_renewed_claims_survive_the_release_of_expired_ones(db, repo, fetch, clock):
-    ids = _claimed(db, repo, "w1", 4)
+    ids = claim_all(repo, "w1", 4)
     clock.advance(minutes=4)
     assert repo.extend_locks(ids, "w1") == 4
     renewed_at = (T0 + dt.timedelta(minutes=4)).replace(tzinfo=None)
@@ -31,7 +25,7 @@ def test_renewed_claims_survive_the_release_of_expired_ones(db, repo, fetch, clo
 
 
 def test_lost_claims_are_not_renewed_and_are_counted_out(db, repo, fetch, clock):
-    ids = _claimed(db, repo, "stale", 5)
+    ids = claim_all(repo, "stale", 5)
     clock.advance(minutes=10)
     assert repo.release_expired_locks(dt.timedelta(minutes=5)) == 5
     assert repo.mark_processing(ids[0], "fresh")  # taken over by another worker
@@ -45,7 +39,7 @@ def test_lost_claims_are_not_renewed_and_are_counted_out(db, repo, fetch, clock)
 
 
 def test_published_failed_and_missing_events_are_left_alone(db, repo, fetch):
-    ids = _claimed(db, repo, "w1", 3)
+    ids = claim_all(repo, "w1", 3)
     assert repo.mark_published(ids[0], "w1")
     assert repo.mark_failed(ids[1], "w1", "x", "y", retryable=False)
     before = fetch("SELECT * FROM outbox_event ORDER BY id")
@@ -55,13 +49,13 @@ def test_published_failed_and_missing_events_are_left_alone(db, repo, fetch):
 
 def test_a_renewal_at_the_claims_own_instant_still_counts(db, repo, fetch, clock):
     # MySQL reports changed rows, not matched ones: locked_at = now changes nothing here.
-    ids = _claimed(db, repo, "w1", 3)
+    ids = claim_all(repo, "w1", 3)
     assert repo.extend_locks(ids, "w1") == 3
     assert repo.extend_locks(ids + [10 ** 9], "w1") == 3
 
 
 def test_more_ids_than_one_statement_takes(db, repo, fetch, clock):
-    ids = _claimed(db, repo, "w1", 1103)
+    ids = claim_all(repo, "w1", 1103)
     clock.advance(seconds=1)
     assert repo.extend_locks(reversed(ids), "w1") == 1103
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE locked_at = %s",
@@ -71,7 +65,7 @@ def test_more_ids_than_one_statement_takes(db, repo, fetch, clock):
 @pytest.mark.parametrize("round_", range(5))
 def test_renewal_racing_the_release_never_leaves_a_claim_both_renewed_and_released(
         db, repo, fetch, clock, round_):
-    ids = _claimed(db, repo, "slow", 60)
+    ids = claim_all(repo, "slow", 60)
     clock.advance(minutes=10)  # every claim is past the timeout when the race starts
 
     def race(i):

@@ -8,17 +8,11 @@ import pytest
 
 from outbox_lite import InvalidEventError
 
-from conftest import T0, run_threads, seed
-
-
-def _claimed(db, repo, worker, count):
-    seed(repo, count)
-    with db.atomic():
-        return [e.id for e in repo.claim_batch(worker, limit=count)]
+from conftest import claim_all, T0, run_threads, seed
 
 
 def test_records_every_event_the_worker_holds(db, repo, fetch, clock):
-    ids = _claimed(db, repo, "w1", 5)
+    ids = claim_all(repo, "w1", 5)
     clock.advance(seconds=3)
     assert repo.mark_published_many(ids, "w1") == 5
     rows = fetch("SELECT status, published_at, updated_at, locked_by, locked_at"
@@ -30,7 +24,7 @@ def test_records_every_event_the_worker_holds(db, repo, fetch, clock):
 
 
 def test_fences_each_event_a_stale_worker_lost(db, repo, fetch, clock):
-    ids = _claimed(db, repo, "stale", 6)
+    ids = claim_all(repo, "stale", 6)
     clock.advance(minutes=10)
     assert repo.release_expired_locks(dt.timedelta(minutes=5)) == 6
     taken = ids[:2]
@@ -54,14 +48,14 @@ def test_leaves_pending_failed_and_missing_events_alone(db, repo, fetch):
 
 
 def test_more_ids_than_one_statement_takes(db, repo, fetch):
-    ids = _claimed(db, repo, "w1", 1203)
+    ids = claim_all(repo, "w1", 1203)
     assert repo.mark_published_many(reversed(ids), "w1") == 1203
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'published'") == [
         {"n": 1203}]
 
 
 def test_inside_the_callers_transaction_it_rolls_back_with_it(db, repo, fetch):
-    ids = _claimed(db, repo, "w1", 3)
+    ids = claim_all(repo, "w1", 3)
     with db.atomic() as txn:
         assert repo.mark_published_many(ids, "w1") == 3
         txn.rollback()
@@ -75,7 +69,7 @@ def test_inside_the_callers_transaction_it_rolls_back_with_it(db, repo, fetch):
 ])
 def test_bad_arguments_are_refused_before_any_sql(db, repo, fetch, event_ids, locked_by,
                                                     field):
-    _claimed(db, repo, "w1", 2)  # ids 1 and 2, held by w1
+    claim_all(repo, "w1", 2)  # ids 1 and 2, held by w1
     before = fetch("SELECT * FROM outbox_event ORDER BY id")
     with pytest.raises(InvalidEventError, match=field):
         repo.mark_published_many(event_ids, locked_by)

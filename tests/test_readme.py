@@ -1,7 +1,9 @@
-"""The README's first usage snippet runs verbatim after the README's setup."""
+"""The README's usage snippets run verbatim after the README's setup: the first one, and the
+relay's (which needs Redis at 127.0.0.1:6379, as the setup says)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -15,11 +17,20 @@ CONNECT = ('peewee.MySQLDatabase("outbox_lite", host="127.0.0.1", user="root",'
            ' charset="utf8mb4")')
 
 
-def _first_python_block() -> str:
+def _python_blocks() -> list[str]:
     text = README.read_text(encoding="utf-8")
-    match = re.search(r"^```python\n(.*?)^```$", text, re.DOTALL | re.MULTILINE)
-    assert match, "the README has no python block"
-    return match.group(1)
+    return re.findall(r"^```python\n(.*?)^```$", text, re.DOTALL | re.MULTILINE)
+
+
+def _first_python_block() -> str:
+    blocks = _python_blocks()
+    assert blocks, "the README has no python block"
+    return blocks[0]
+
+
+def _relay_block() -> str:
+    [block] = [b for b in _python_blocks() if "Relay(outbox, publisher)" in b]
+    return block
 
 
 def test_the_connection_is_what_the_setup_made():
@@ -46,3 +57,24 @@ def test_the_first_usage_snippet_runs_as_written(db_url, fetch, tmp_path):
                  " ORDER BY id") == [
         {"aggregate_id": str(n), "status": "published", "attempt_count": 1,
          "payload": f'{{"job_id":{n}}}'} for n in (1, 2)]
+
+
+def test_the_relay_snippet_runs_as_written(db_url, fetch, tmp_path, rds, queue):
+    block = _relay_block()
+    assert block.count(CONNECT) == 1 and block.count('"domain-events"') == 1
+    ours = (f"peewee.MySQLDatabase({db_url.name!r}, host={db_url.host!r}, port={db_url.port},"
+            f" user={db_url.user!r}, password={db_url.password!r}, charset=\"utf8mb4\")")
+    script = tmp_path / "readme_relay.py"
+    script.write_text(block.replace(CONNECT, ours).replace('"domain-events"', repr(queue)),
+                      encoding="utf-8")
+    for _ in range(2):
+        result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert fetch("SELECT aggregate_id, status, dedupe_key FROM outbox_event ORDER BY id") == [
+        {"aggregate_id": str(n), "status": "published", "dedupe_key": f"job.created:{n}"}
+        for n in (1, 2)]
+    for n in (1, 2):  # what the README says a BullMQ worker gets
+        job = rds.hgetall(f"bull:{queue}:outbox-job.created%3A{n}")
+        assert job["name"] == "job.created" and json.loads(job["data"]) == {"job_id": n}, job
+    assert rds.llen(f"bull:{queue}:wait") == 2

@@ -164,21 +164,34 @@ def _wait_until(condition, timeout=10.0):
         time.sleep(0.005)
 
 
+class HangingBroker(Broker):
+    """Publishes once the test sets ``finish``: a publish as long as the test wants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.finish = threading.Event(), threading.Event()
+
+    def publish(self, events):
+        self.entered.set()
+        assert self.finish.wait(30)
+        return super().publish(events)
+
+
+def _round_in_a_thread(relay, broker):
+    """Start ``relay.run_once()`` in a thread; return it, and the list its result goes to,
+    once the round is inside its publish."""
+    results: list[Any] = []
+    worker = threading.Thread(target=lambda: results.append(relay.run_once()))
+    worker.start()
+    assert broker.entered.wait(10)
+    return worker, results
+
+
 def test_a_long_publish_renews_its_claims_so_no_one_takes_them_over(db, repo, fetch, clock):
     ids = seed(repo, 3)
-    released = []
-    entered, finish = threading.Event(), threading.Event()
-
-    class HangingBroker(Broker):
-        def publish(self, events):
-            entered.set()
-            assert finish.wait(30)
-            return super().publish(events)
-
-    relay = _relay(repo, HangingBroker(), lock_timeout=60, heartbeat=0.02)
-    worker = threading.Thread(target=lambda: released.append(relay.run_once()))
-    worker.start()
-    assert entered.wait(10)
+    broker = HangingBroker()
+    relay = _relay(repo, broker, lock_timeout=60, heartbeat=0.02)
+    worker, released = _round_in_a_thread(relay, broker)
     other = OutboxRepository(db, clock=clock)
     for _ in range(4):  # four lock timeouts pass during the publish
         clock.advance(seconds=45)
@@ -187,7 +200,7 @@ def test_a_long_publish_renews_its_claims_so_no_one_takes_them_over(db, repo, fe
                     == renewed_at)
         clock.advance(seconds=45)
         assert other.release_expired_locks(60) == 0  # 45 s since the renewal: not expired
-    finish.set()
+    broker.finish.set()
     worker.join(10)
     relay.close()
     assert released[0].published == 3 and released[0].lost == 0
@@ -199,22 +212,12 @@ def test_a_long_publish_renews_its_claims_so_no_one_takes_them_over(db, repo, fe
 
 def test_without_renewals_the_same_publish_loses_its_claims(db, repo, fetch, clock):
     seed(repo, 3)
-    entered, finish = threading.Event(), threading.Event()
-
-    class HangingBroker(Broker):
-        def publish(self, events):
-            entered.set()
-            assert finish.wait(30)
-            return super().publish(events)
-
-    relay = _relay(repo, HangingBroker(), lock_timeout=60, heartbeat=59)
-    results = []
-    worker = threading.Thread(target=lambda: results.append(relay.run_once()))
-    worker.start()
-    assert entered.wait(10)
+    broker = HangingBroker()
+    relay = _relay(repo, broker, lock_timeout=60, heartbeat=59)
+    worker, results = _round_in_a_thread(relay, broker)
     clock.advance(seconds=90)
     assert OutboxRepository(db, clock=clock).release_expired_locks(60) == 3
-    finish.set()
+    broker.finish.set()
     worker.join(10)
     relay.close()
     assert results[0].lost == 3 and results[0].published == 0

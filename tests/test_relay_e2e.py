@@ -182,20 +182,23 @@ def test_redis_stopped_mid_run_delays_but_loses_nothing(db, clock, fetch, redis_
         client.close()
 
 
-def _wait_for(path: Path, process, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert process.poll() is None, process.stderr.read()
+def _relay_inside_a_publish(db, db_url, repo, gate: Path):
+    """30 events, and a relay (batches of 10) whose first publish waits until ``gate/go``
+    exists; returned once that publish has begun."""
+    _orders(db, repo, 30)
+    relay = _relay_process(db_url, "--publisher", "_relay_publishers:gated", "--batch-size",
+                           "10", env={"OUTBOX_TEST_GATE": str(gate)})
+    deadline = time.monotonic() + 60
+    while not (gate / "entered").exists():
+        assert relay.poll() is None, relay.stderr.read()
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    return relay
 
 
 def test_sigterm_during_a_publish_records_the_batch_in_hand_then_exits(
         db, db_url, repo, fetch, tmp_path):
-    _orders(db, repo, 30)
-    relay = _relay_process(db_url, "--publisher", "_relay_publishers:gated", "--batch-size",
-                           "10", env={"OUTBOX_TEST_GATE": str(tmp_path)})
-    _wait_for(tmp_path / "entered", relay)
+    relay = _relay_inside_a_publish(db, db_url, repo, tmp_path)
     relay.send_signal(signal.SIGTERM)
     time.sleep(0.2)  # the signal arrives while the publish is still running
     (tmp_path / "go").write_text("go")
@@ -211,10 +214,7 @@ def test_sigterm_during_a_publish_records_the_batch_in_hand_then_exits(
 
 def test_a_second_sigint_stops_at_once_leaving_the_claims_to_expire(
         db, db_url, repo, fetch, tmp_path):
-    _orders(db, repo, 30)
-    relay = _relay_process(db_url, "--publisher", "_relay_publishers:gated", "--batch-size",
-                           "10", env={"OUTBOX_TEST_GATE": str(tmp_path)})
-    _wait_for(tmp_path / "entered", relay)
+    relay = _relay_inside_a_publish(db, db_url, repo, tmp_path)
     relay.send_signal(signal.SIGINT)
     time.sleep(0.2)
     relay.send_signal(signal.SIGINT)
