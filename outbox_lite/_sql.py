@@ -94,7 +94,9 @@ def retry_or_fail(steps: int) -> str:
     )
 
 
-EXTEND_LOCKS = f"UPDATE {BY_PK} SET locked_at = %s, updated_at = %s WHERE id IN ({{ids}}) AND {HELD}"
+EXTEND_LOCKS = (
+    f"UPDATE {BY_PK} SET locked_at = %s, updated_at = %s WHERE id IN ({{ids}}) AND {HELD}"
+)
 #: After EXTEND_LOCKS: the rows it matched but could not change (locked_at was already now).
 RENEWED = f"SELECT COUNT(*) FROM {BY_PK} WHERE id IN ({{ids}}) AND {HELD} AND locked_at = %s"
 
@@ -116,7 +118,9 @@ REQUEUE_FAILED = (
 )
 # Multi-table form: single-table DELETE takes no index hint, and left to itself MariaDB may
 # scan a secondary index and lock its gaps.
-DELETE_FAILED = "DELETE e FROM outbox_event AS e FORCE INDEX (PRIMARY) WHERE e.id IN ({ids}) AND e." + DEAD
+DELETE_FAILED = (
+    "DELETE e FROM outbox_event AS e FORCE INDEX (PRIMARY) WHERE e.id IN ({ids}) AND e." + DEAD
+)
 OLD_PUBLISHED = f"status = '{PUBLISHED}' AND published_at < %s"
 PURGE_PUBLISHED = (
     "DELETE e FROM outbox_event AS e FORCE INDEX (PRIMARY)"

@@ -348,7 +348,8 @@ def _publisher(args: argparse.Namespace) -> Any:
 def _publisher_from_factory(spec: str) -> Any:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise UsageError(f"--publisher {spec!r} must be MODULE:FACTORY, e.g. myapp.outbox:publisher")
+        raise UsageError(
+            f"--publisher {spec!r} must be MODULE:FACTORY, e.g. myapp.outbox:publisher")
     try:
         factory: Any = importlib.import_module(module_name)
         for part in attribute.split("."):

@@ -3,16 +3,17 @@
 One round: release expired claims (at most every ``release_every`` seconds), claim a batch in a
 short transaction of its own, publish it outside any transaction while a heartbeat renews the
 claims (``extend_locks``) if the publish runs long, then record the outcomes: one
-``mark_published_many`` for the successes and a ``mark_failed`` for each failure. Nothing
-claimed: wait, with a pause that doubles from ``idle_pause`` up to ``max_idle_pause``. A publish
-that raised (the broker is down): wait until the publisher answers ``ping()`` before claiming
-again, so an outage does not spend every event's attempts.
+``mark_published_many`` for the successes and a ``mark_failed`` for each failure (in
+:meth:`Relay.run`, inside the next round's claim transaction: one commit per round). Nothing
+claimed: wait, with a pause that doubles from ``idle_pause`` up to ``max_idle_pause``. A
+publish that raised (the broker is down): wait until the publisher answers ``ping()`` before
+claiming again, so an outage does not spend every event's attempts.
 
 Lock conflicts and lost connections never end :meth:`Relay.run`: the round is retried, after
 :func:`outbox_lite.reconnect` with a bounded backoff when the connection broke (so also for a
-database made with ``autoconnect=False`` and for a pooled one). Stopping finishes the batch in hand and records
-its outcomes first. The relay imports no broker client: a publisher is any object with
-``publish(events)`` and ``close()`` (:class:`Publisher`).
+database made with ``autoconnect=False`` and for a pooled one). Stopping finishes the batch in
+hand and records its outcomes first. The relay imports no broker client: a publisher is any
+object with ``publish(events)`` and ``close()`` (:class:`Publisher`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .payload import redact
 from .repository import OutboxRepository
 
 logger = logging.getLogger(__name__)
+
 
 class Publisher(Protocol):
     """What the relay hands claimed events to (e.g. :class:`~outbox_lite.publishers.bullmq.
@@ -63,8 +65,7 @@ class RoundResult:
     publish_errors: int = 0  # 1 when the publisher raised: the whole batch failed
 
     def add(self, other: RoundResult) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        _accumulate(self, other)
 
 
 @dataclass
@@ -89,11 +90,16 @@ class RelayStats:
     started: float = field(default_factory=time.monotonic, repr=False)
 
     def add(self, result: RoundResult) -> None:
-        for f in fields(result):
-            setattr(self, f.name, getattr(self, f.name) + getattr(result, f.name))
+        _accumulate(self, result)
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "started"}
+
+
+def _accumulate(total: RoundResult | RelayStats, part: RoundResult) -> None:
+    """Add each count of ``part`` to the field of the same name in ``total``."""
+    for f in fields(part):
+        setattr(total, f.name, getattr(total, f.name) + getattr(part, f.name))
 
 
 @dataclass
