@@ -17,9 +17,11 @@ from typing import Any, Callable, Iterator
 import pymysql
 import pytest
 import redis
+from playhouse.pool import PooledMySQLDatabase
 
 from outbox_lite import Backoff, OutboxRepository
 from outbox_lite import migrate as schema
+from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
 from outbox_lite._db import DatabaseUrl
 
 from _redis import SHARED_REDIS, RedisServer, delete_queue
@@ -175,6 +177,12 @@ def seed(repo: OutboxRepository, count: int, **overrides: Any) -> list[int]:
                                            aggregate_id=str(n), payload={"n": n},
                                            **overrides).id
                 for n in range(count)]
+
+
+class QuietPooledMySQLDatabase(PooledMySQLDatabase, QuietMySQLDatabase):
+    """PooledMySQLDatabase connecting with PyMySQL's database= keyword, as the library's own
+    databases do (outbox_lite/_compat.py): Peewee 3's db= would be a DeprecationWarning, which
+    fails the run. How it pools and reconnects is Peewee's, unchanged."""
 
 
 def claim_all(repo: OutboxRepository, worker: str, count: int) -> list[int]:

@@ -14,7 +14,6 @@ from typing import Any
 
 import peewee as pw
 import pytest
-from playhouse.pool import PooledMySQLDatabase
 from playhouse.shortcuts import ReconnectMixin
 
 from outbox_lite import (
@@ -25,7 +24,7 @@ from outbox_lite import (
     reconnect,
 )
 
-from conftest import FakeClock, seed
+from conftest import FakeClock, QuietMySQLDatabase, QuietPooledMySQLDatabase, seed
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -71,15 +70,17 @@ class _Killable:
         return super().execute_sql(sql, params, *args, **kwargs)  # type: ignore[misc]
 
 
-class Plain(_Killable, pw.MySQLDatabase):
+# Peewee's classes as a service uses them, connecting with database= (QuietMySQLDatabase) so
+# that Peewee 3's deprecated db= does not fail the run: reconnecting is Peewee's, unchanged.
+class Plain(_Killable, QuietMySQLDatabase):
     pass
 
 
-class Pooled(_Killable, PooledMySQLDatabase):
+class Pooled(_Killable, QuietPooledMySQLDatabase):
     pass
 
 
-class Reconnecting(_Killable, ReconnectMixin, pw.MySQLDatabase):
+class Reconnecting(_Killable, ReconnectMixin, QuietMySQLDatabase):
     pass
 
 
@@ -246,7 +247,7 @@ def test_an_unreachable_server_is_a_connection_error_and_reconnect_says_false(db
 # A COMMIT that fails may have committed: the README's pattern
 # ---------------------------------------------------------------------------
 
-class CommitReplyLost(pw.MySQLDatabase):
+class CommitReplyLost(QuietMySQLDatabase):
     """The server commits, and the client never hears so: the first COMMIT "fails"."""
 
     lose_next_reply = True

@@ -8,14 +8,12 @@ import threading
 import time
 from typing import Any
 
-import peewee as pw
 import pytest
-from playhouse.pool import PooledMySQLDatabase
 
 from outbox_lite import Backoff, InvalidEventError, OutboxRepository
 from outbox_lite.relay import Relay, default_worker_id
 
-from conftest import capture_sql, seed
+from conftest import QuietMySQLDatabase, QuietPooledMySQLDatabase, capture_sql, seed
 
 
 class Broker:
@@ -371,9 +369,9 @@ def test_a_killed_connection_is_reconnected_and_nothing_is_lost_or_doubled(
     params = dict(host=db_url.host, port=db_url.port, user=db_url.user,
                   password=db_url.password, charset="utf8mb4")
     if kind == "pooled":
-        database = PooledMySQLDatabase(db_url.name, max_connections=4, **params)
+        database = QuietPooledMySQLDatabase(db_url.name, max_connections=4, **params)
     else:
-        database = pw.MySQLDatabase(db_url.name, autoconnect=kind == "autoconnect", **params)
+        database = QuietMySQLDatabase(db_url.name, autoconnect=kind == "autoconnect", **params)
     database.connect()
     kills = []
 

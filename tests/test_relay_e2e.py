@@ -136,6 +136,26 @@ def test_ordered_relays_deliver_each_aggregate_in_id_order(db, db_url, repo, fet
     assert all(ids == sorted(ids) and len(ids) == 15 for ids in per_aggregate.values())
 
 
+class _StopsRedisBefore:
+    """A publisher that stops the test's own Redis (by its pid) just before its ``batch``-th
+    publish: an outage mid-run, at a point the test knows, however fast the relay is."""
+
+    def __init__(self, publisher, server, batch: int) -> None:
+        self.publisher, self.server, self.batch, self.calls = publisher, server, batch, 0
+
+    def publish(self, events):
+        self.calls += 1
+        if self.calls == self.batch:
+            self.server.stop()
+        return self.publisher.publish(events)
+
+    def ping(self):
+        return self.publisher.ping()
+
+    def close(self):
+        self.publisher.close()
+
+
 def test_redis_stopped_mid_run_delays_but_loses_nothing(db, clock, fetch, redis_server,
                                                         tmp_path):
     # A Redis of this test's own that keeps its data across the restart (append-only file).
@@ -143,7 +163,8 @@ def test_redis_stopped_mid_run_delays_but_loses_nothing(db, clock, fetch, redis_
                           "--dir", str(tmp_path))
     repo = OutboxRepository(db, backoff=Backoff(base=0.01, cap=0.05, jitter=0))
     events = _orders(db, repo, 400)
-    publisher = BullMQPublisher(server.url, "outage", timeout=1)
+    publisher = _StopsRedisBefore(BullMQPublisher(server.url, "outage", timeout=1), server,
+                                  batch=6)
     relay = Relay(repo, publisher, worker_id="relay-outage", batch_size=20,
                   reconnect_pause=0.05, max_reconnect_pause=0.2, progress_every=0)
     stop = threading.Event()
@@ -152,18 +173,17 @@ def test_redis_stopped_mid_run_delays_but_loses_nothing(db, clock, fetch, redis_
     worker = threading.Thread(target=relay.run, args=(stop,), kwargs={"until_empty": True})
     worker.start()
     deadline = time.monotonic() + 60
-    while fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'published'")[0]["n"] < 100:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    server.stop()  # by its pid; the shared Redis is never touched
-    while relay.stats.publish_errors == 0:
-        assert time.monotonic() < deadline
+    while relay.stats.publish_errors == 0:  # the 6th batch met the stopped server
+        assert time.monotonic() < deadline and worker.is_alive()
         time.sleep(0.01)
     outage_published = {r["id"] for r in fetch(
         "SELECT id FROM outbox_event WHERE status = 'published'")}
+    assert len(outage_published) == 100  # the five batches before the outage
     time.sleep(0.3)  # the outage lasts: the relay waits for Redis and claims nothing
     assert {r["id"] for r in fetch(
         "SELECT id FROM outbox_event WHERE status = 'published'")} == outage_published
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'processing'") == [
+        {"n": 0}]  # the failed batch went back to pending; nothing new was claimed
     server.start()  # the same port and data
     worker.join(timeout=120)
     watchdog.cancel()
