@@ -101,12 +101,16 @@ def _age(text: str) -> Age:
     """"90s", "15m", "12h", "7d", "2w": a unit is required (a bare 7 could mean anything)."""
     text = text.strip()
     number, unit = (text[:-1], text[-1].lower()) if text[-1:].lower() in _UNITS else (text, "")
+    number = number.strip()
     try:
         value = float(number)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a duration like 90s, 15m, 12h, 7d or 2w") from None
     if not unit and math.isfinite(value):
+        if value <= 0:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} must be a positive number with a unit: {_UNIT_HELP}")
         raise argparse.ArgumentTypeError(
             f"{text!r} needs a unit: {text}s, {text}m, {text}h, {text}d or {text}w")
     return Age(f"{number}{unit}", _checked_duration(text, value * _UNITS.get(unit, 1)))
@@ -449,7 +453,9 @@ def _add_dead_letter_flags(parser: argparse.ArgumentParser, *, action: str | Non
                         help="only dead letters whose last_error_code is CODE")
     parser.add_argument("--all", action="store_true",
                         help="every dead letter (required for --delete when no --id or "
-                             "--error-code is given)")
+                             "--error-code is given)" if action is None else
+                             "every dead letter (the default when no --id or --error-code "
+                             "is given)")
     parser.add_argument("--dry-run", action="store_true",
                         help="say how many would change, change nothing")
     parser.set_defaults(handler=_cmd_dead_letters)
@@ -600,14 +606,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _quiet_stdout()
         return EXIT_BROKEN_PIPE
     except (DatabaseUrlError, ValueError) as exc:
-        print(f"outbox-lite: error: {exc}", file=sys.stderr)
+        print(f"outbox-lite {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (CommandError, OutboxError, pw.PeeweeException, pymysql.MySQLError, OSError,
             RuntimeError) as exc:
-        print(f"outbox-lite: error: {_describe(exc, url, args.command)}", file=sys.stderr)
+        print(f"outbox-lite {args.command}: error: {_describe(exc, url, args.command)}",
+              file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("outbox-lite: interrupted", file=sys.stderr)
+        print(f"outbox-lite {args.command}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -189,6 +189,8 @@ def _cli(*args, env=None, **kwargs):
     (["purge", "--older-than=infd"], "not a finite duration"),
     (["purge", "--older-than=nanh"], "not a finite duration"),
     (["purge", "--older-than=-3d"], "must be positive"),
+    (["purge", "--older-than", "0"], "'0' must be a positive number with a unit: s, m, h"),
+    (["purge", "--older-than=-7"], "'-7' must be a positive number with a unit: s, m, h"),
     (["purge", "--older-than", "7y"], "not a duration like 90s, 15m, 12h, 7d or 2w"),
     (["stats", "--lock-timeout=1e12"], "longer than the limit"),
     (["stats", "--lock-timeout=inf"], "not a finite duration"),
@@ -203,9 +205,18 @@ def test_bad_flags_are_one_line_without_internal_names(args, words):
     result = _cli(*args, env={"OUTBOX_DATABASE_URL": "mysql://root@127.0.0.1:1/outbox_x"})
     assert result.returncode == 2, result.stderr
     assert words in result.stderr
+    # One prefix for argparse's errors and the command's own: the command is named.
+    assert result.stderr.startswith(f"outbox-lite {args[0]}: error: "), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "_positive" not in result.stderr and "_event_id" not in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_requeue_help_speaks_of_requeue_only():
+    requeue = " ".join(_cli("requeue", "--help").stdout.split())
+    assert "--all" in requeue and "delete" not in requeue.lower()
+    dead_letters = " ".join(_cli("dead-letters", "--help").stdout.split())
+    assert "required for --delete" in dead_letters
 
 
 def test_help_lists_the_duration_units_and_the_url_options():
@@ -306,7 +317,7 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
     result = _run("--database-url", raw)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        f"outbox-lite: error: user {user} lacks the CREATE privilege on table "
+        f"outbox-lite migrate: error: user {user} lacks the CREATE privilege on table "
         "outbox_lite_migrations: migrate needs SELECT on outbox_lite_migrations to see that "
         "nothing is pending, and CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE "
         "on the database to apply migrations; see 'Schema, migrations and grants' in the "

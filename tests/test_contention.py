@@ -202,7 +202,7 @@ def test_cli_refuses_an_existing_contention_database_in_one_line(capsys):
         assert main(args) == 1
         err = capsys.readouterr().err
         assert err.strip() == (
-            f"outbox-lite: error: database {target.name} exists already and the suite would "
+            f"outbox-lite contention: error: database {target.name} exists already and the suite would "
             "replace it: drop it yourself, or pass --force to let the suite drop and "
             "re-create it")
         assert _tables(target) == ["precious"]

@@ -221,7 +221,7 @@ def test_cli_on_a_database_without_the_table_says_so_in_one_line(db_url, fetch):
                              "--database-url", _url_text(db_url)],
                             capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 1
-    assert result.stderr.strip() == (f"outbox-lite: error: table outbox_event is missing in "
+    assert result.stderr.strip() == (f"outbox-lite stats: error: table outbox_event is missing in "
                                      f"{db_url.name} (run: outbox-lite migrate)")
 
 
@@ -425,3 +425,6 @@ def test_cli_purge_says_the_age_as_given_and_can_dry_run(db, db_url, repo, fetch
     assert main(["purge", "--older-than", "12h", *url]) == 0
     assert capsys.readouterr().out.strip() == "purged 0 published events older than 12h"
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]
+    assert main(["purge", "--older-than", " 7 D ", "--dry-run", *url]) == 0  # as typed, tidied
+    assert capsys.readouterr().out.strip() == (
+        "would purge 0 published events older than 7d (dry run: nothing changed)")
