@@ -56,6 +56,18 @@ def _orders(db, repo, count, aggregates=30):
     return events
 
 
+def _wait_for(condition, processes, timeout=60):
+    """Poll ``condition`` until it holds; fail (with the processes' stderr) if it does not
+    within ``timeout`` s or if one of ``processes`` ends first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            for p in processes:
+                p.kill()
+            pytest.fail("waited in vain: " + " | ".join(p.communicate()[1] for p in processes))
+        time.sleep(0.01)
+
+
 def _expected(events):
     return {job_id(e.dedupe_key): (e.event_type, e.payload) for e in events}
 
@@ -88,13 +100,20 @@ def test_a_relay_killed_mid_batch_leaves_no_event_lost_or_doubled(
         "--lock-timeout", "20", worker_id="relay-doomed",
         env={"OUTBOX_TEST_HANG_AFTER": "2", "OUTBOX_TEST_MARKER": str(marker),
              "OUTBOX_TEST_REDIS_URL": SHARED_REDIS, "OUTBOX_TEST_QUEUE": queue})
+    deadline = time.monotonic() + 60
+    while not marker.exists() and doomed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not marker.exists():  # read its stderr only once it has ended, or the read blocks
+        doomed.kill()
+        pytest.fail(f"the doomed relay never hung: {doomed.communicate()[1]}")
+    # The survivors start once the doomed relay holds its second batch: started together,
+    # they could drain the outbox before it claimed again, and it would never hang. They
+    # cannot end (--until-empty) while its claims are in flight.
     survivors = [_relay_process(db_url, "--bullmq-url", SHARED_REDIS, "--queue", queue,
                                 "--batch-size", "50", "--lock-timeout", "20", "--until-empty")
                  for _ in range(2)]
-    deadline = time.monotonic() + 60
-    while not marker.exists():
-        assert time.monotonic() < deadline and doomed.poll() is None, doomed.stderr.read()
-        time.sleep(0.01)
+    _wait_for(lambda: fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'pending'")
+              == [{"n": 0}], survivors)
     doomed.send_signal(signal.SIGKILL)  # mid-batch: its jobs are in Redis, nothing recorded
     assert doomed.wait(timeout=30) == -signal.SIGKILL
     held = [int(i) for i in marker.read_text().split(",")]
