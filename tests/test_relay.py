@@ -338,6 +338,7 @@ def test_a_lock_conflict_while_recording_is_retried(db, db_url, repo, fetch):
     ids = seed(repo, 2)
     holding, conflicted = threading.Event(), threading.Event()
     relay = None
+    holders = []
 
     def hold_rows():
         other = db_url.database()
@@ -351,13 +352,17 @@ def test_a_lock_conflict_while_recording_is_retried(db, db_url, repo, fetch):
     class Broker2(Broker):
         def publish(self, events):
             db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
-            threading.Thread(target=hold_rows).start()
+            holders.append(threading.Thread(target=hold_rows))
+            holders[0].start()
             assert holding.wait(10)
             return super().publish(events)
 
     relay = _relay(repo, Broker2())
     result = relay.run_once()
-    assert conflicted.is_set()
+    # The holder lets go once it sees the conflict; the relay's retry can then finish before
+    # the holder's last step: wait for the thread, not for luck.
+    holders[0].join(30)
+    assert not holders[0].is_alive() and conflicted.is_set()
     assert result.published == 2 and relay.stats.lock_conflicts >= 1
     assert fetch("SELECT DISTINCT status FROM outbox_event") == [{"status": "published"}]
 
