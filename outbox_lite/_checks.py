@@ -87,9 +87,10 @@ def duration(field: str, value: Any) -> dt.timedelta:
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(value):
             raise InvalidEventError(f"{field} must be a finite number of seconds")
+        # Both bounds before timedelta(), which overflows on -1e300 as on 1e300.
         if value <= 0:
             raise InvalidEventError(f"{field} must be positive, not {value!r}")
-        if value > MAX_DURATION_SECONDS:  # also keeps timedelta() from overflowing
+        if value > MAX_DURATION_SECONDS:
             raise InvalidEventError(f"{field} must be at most {MAX_DURATION_TEXT}")
         result = dt.timedelta(seconds=value)
     else:

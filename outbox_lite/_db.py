@@ -230,11 +230,14 @@ class DatabaseUrl:
         conn = self.server_connection()
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
-                            (self.name,))
-                return cur.fetchone() is not None
+                return self._exists(cur)
         finally:
             conn.close()
+
+    def _exists(self, cur: Any) -> bool:
+        cur.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
+                    (self.name,))
+        return cur.fetchone() is not None
 
     def create_database(self, *, exclusive: bool = False) -> bool:
         """Create the database when missing; True when it was created. With ``exclusive``
@@ -243,9 +246,7 @@ class DatabaseUrl:
         conn = self.server_connection()
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
-                            (self.name,))
-                if cur.fetchone() is None:
+                if not self._exists(cur):
                     try:  # no IF NOT EXISTS: of two runs racing, only one creates it
                         cur.execute(f"CREATE DATABASE `{self.name}`"
                                     " CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")

@@ -171,20 +171,14 @@ def _cmd_migrate(args: argparse.Namespace, url: DatabaseUrl) -> int:
         if not url.exists():  # never create anything to undo nothing
             print(f"nothing to roll back: database {url.name} does not exist")
             return EXIT_OK
-        database = url.database()
-        try:
+        with _database(url) as database:
             name = schema.rollback(database)
-        finally:
-            database.close()
         print(f"rolled back {name}" if name else "nothing to roll back")
         return EXIT_OK
     if url.create_database():
         print(f"created database {url.name}")
-    database = url.database()
-    try:
+    with _database(url) as database:
         applied = schema.migrate(database)
-    finally:
-        database.close()
     print("applied " + ", ".join(applied) if applied else f"{url.name} is up to date")
     return EXIT_OK
 
@@ -217,12 +211,19 @@ def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
 
 
 @contextlib.contextmanager
-def _repository(url: DatabaseUrl) -> Iterator[OutboxRepository]:
-    repo = OutboxRepository(url.database())
+def _database(url: DatabaseUrl) -> Iterator[pw.MySQLDatabase]:
+    """The command's database, closed when the command is done with it."""
+    database = url.database()
     try:
-        yield repo
+        yield database
     finally:
-        repo.database.close()
+        database.close()
+
+
+@contextlib.contextmanager
+def _repository(url: DatabaseUrl) -> Iterator[OutboxRepository]:
+    with _database(url) as database:
+        yield OutboxRepository(database)
 
 
 def _cmd_stats(args: argparse.Namespace, url: DatabaseUrl) -> int:
@@ -311,21 +312,21 @@ def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
     from .relay import Relay
 
     publisher = _publisher(args)
-    repo = OutboxRepository(url.database())
     try:
-        relay = Relay(repo, publisher, worker_id=args.worker_id, batch_size=args.batch_size,
-                      lock_timeout=args.lock_timeout, ordered=args.ordered,
-                      max_idle_pause=args.max_idle_pause, progress_every=args.progress_every)
-        repo.stats()  # a wrong URL, a missing grant or table: one line now, not in the loop
-        logging.getLogger("outbox_lite.relay").setLevel(logging.INFO)
-        stop = threading.Event()
-        _stop_on_signals(stop)
-        print(f"outbox-lite relay {relay.worker_id}: from {url} to {publisher!r}"
-              + (", ordered" if args.ordered else ""), file=sys.stderr, flush=True)
-        relay.run(stop, until_empty=args.until_empty)
+        with _repository(url) as repo:
+            relay = Relay(repo, publisher, worker_id=args.worker_id,
+                          batch_size=args.batch_size, lock_timeout=args.lock_timeout,
+                          ordered=args.ordered, max_idle_pause=args.max_idle_pause,
+                          progress_every=args.progress_every)
+            repo.stats()  # a wrong URL, a missing grant or table: one line now, not in the loop
+            logging.getLogger("outbox_lite.relay").setLevel(logging.INFO)
+            stop = threading.Event()
+            _stop_on_signals(stop)
+            print(f"outbox-lite relay {relay.worker_id}: from {url} to {publisher!r}"
+                  + (", ordered" if args.ordered else ""), file=sys.stderr, flush=True)
+            relay.run(stop, until_empty=args.until_empty)
     finally:
         publisher.close()
-        repo.database.close()
     return EXIT_OK
 
 
@@ -350,6 +351,8 @@ def _publisher(args: argparse.Namespace) -> Any:
 
 
 def _publisher_from_factory(spec: str) -> Any:
+    from .relay import is_publisher
+
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise UsageError(
@@ -365,8 +368,7 @@ def _publisher_from_factory(spec: str) -> Any:
     if not callable(factory):
         raise UsageError(f"--publisher {spec} is not callable")
     publisher = factory()
-    if not callable(getattr(publisher, "publish", None)) or not callable(
-            getattr(publisher, "close", None)):
+    if not is_publisher(publisher):
         raise UsageError(f"--publisher {spec} returned a {type(publisher).__name__}, which has"
                          " no publish(events) and close()")
     return publisher

@@ -117,6 +117,11 @@ class _Outcomes:
         return len(self.ok) + len(self.failed)
 
 
+def is_publisher(obj: object) -> bool:
+    """Whether ``obj`` has the :class:`Publisher` methods, ``publish`` and ``close``."""
+    return callable(getattr(obj, "publish", None)) and callable(getattr(obj, "close", None))
+
+
 def default_worker_id() -> str:
     """host:pid:random, unique per relay."""
     return f"{socket.gethostname()[:200]}:{os.getpid()}:{os.urandom(3).hex()}"
@@ -138,19 +143,23 @@ def _error_message(exc: BaseException) -> str:
 class Relay:
     """Runs the documented worker loop over ``repository`` for ``publisher``.
 
-    Options: ``worker_id`` (the ``locked_by`` of every claim; default host:pid:random),
-    ``batch_size`` events per claim, ``lock_timeout`` seconds after which claims count as
-    expired, ``ordered`` to claim only heads of aggregates (:meth:`OutboxRepository.
-    claim_batch`), ``heartbeat`` seconds between renewals of a batch whose publish runs long
-    (default: a third of ``lock_timeout``), ``release_every`` seconds between releases of
-    expired claims (default: a quarter of ``lock_timeout``, at most 30), ``idle_pause`` and
-    ``max_idle_pause`` the first and the longest wait when nothing was claimed,
-    (the defaults, 10 ms to 50 ms, keep an idle relay's delay under 100 ms for about 60
-    cheap queries a second), ``reconnect_pause`` and ``max_reconnect_pause`` the same after a
-    lost database connection
-    or a publish that raised (the publisher's ``ping()``, if it has one, is tried before the
-    relay claims again),
-    ``progress_every`` seconds between progress lines (logged at INFO; 0 for none).
+    Options:
+
+    * ``worker_id``: the ``locked_by`` of every claim (default host:pid:random);
+    * ``batch_size``: events per claim;
+    * ``lock_timeout``: seconds after which claims count as expired;
+    * ``ordered``: claim only heads of aggregates (:meth:`OutboxRepository.claim_batch`);
+    * ``heartbeat``: seconds between renewals of a batch whose publish runs long (default: a
+      third of ``lock_timeout``);
+    * ``release_every``: seconds between releases of expired claims (default: a quarter of
+      ``lock_timeout``, at most 30);
+    * ``idle_pause``, ``max_idle_pause``: the first and the longest wait when nothing was
+      claimed (the defaults, 10 ms to 50 ms, keep an idle relay's delay under 100 ms for about
+      60 cheap queries a second);
+    * ``reconnect_pause``, ``max_reconnect_pause``: the same after a lost database connection
+      or a publish that raised (the publisher's ``ping()``, if it has one, is tried before the
+      relay claims again);
+    * ``progress_every``: seconds between progress lines (logged at INFO; 0 for none).
     """
 
     def __init__(
@@ -172,8 +181,7 @@ class Relay:
     ) -> None:
         if not isinstance(repository, OutboxRepository):
             raise TypeError("repository must be an OutboxRepository")
-        if not callable(getattr(publisher, "publish", None)) or not callable(
-                getattr(publisher, "close", None)):
+        if not is_publisher(publisher):
             raise TypeError("publisher must have publish(events) and close() (see Publisher)")
         self.repository = repository
         self.publisher = publisher
@@ -323,7 +331,7 @@ class Relay:
             failures = dict(self.publisher.publish(batch))
         except Exception as exc:  # noqa: BLE001 - the whole batch failed: recorded as such
             logger.warning("relay %s: publishing %d events failed: %s", self.worker_id,
-                           len(batch), redact(str(exc) or type(exc).__name__))
+                           len(batch), _error_message(exc))
             result.publish_errors = 1
             return {event.id: exc for event in batch}
         finally:
@@ -418,7 +426,7 @@ class Relay:
                 break
             except Exception as exc:  # noqa: BLE001 - still down: wait longer
                 logger.info("relay %s: the publisher is still unavailable (%s); next try in"
-                            " %.1f s", self.worker_id, redact(str(exc) or type(exc).__name__),
+                            " %.1f s", self.worker_id, _error_message(exc),
                             min(self.max_reconnect_pause, pause * 2))
             pause = min(self.max_reconnect_pause, pause * 2)
         self.stats.idle_seconds += time.monotonic() - started

@@ -58,7 +58,8 @@ def _orders(db, repo, count, aggregates=30):
 
 def _wait_for(condition, processes, timeout=60):
     """Poll ``condition`` until it holds; fail (with the processes' stderr) if it does not
-    within ``timeout`` s or if one of ``processes`` ends first."""
+    within ``timeout`` s or if one of ``processes`` ends first. The processes are killed
+    before their stderr is read: reading a live one's would block."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
@@ -100,12 +101,7 @@ def test_a_relay_killed_mid_batch_leaves_no_event_lost_or_doubled(
         "--lock-timeout", "20", worker_id="relay-doomed",
         env={"OUTBOX_TEST_HANG_AFTER": "2", "OUTBOX_TEST_MARKER": str(marker),
              "OUTBOX_TEST_REDIS_URL": SHARED_REDIS, "OUTBOX_TEST_QUEUE": queue})
-    deadline = time.monotonic() + 60
-    while not marker.exists() and doomed.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if not marker.exists():  # read its stderr only once it has ended, or the read blocks
-        doomed.kill()
-        pytest.fail(f"the doomed relay never hung: {doomed.communicate()[1]}")
+    _wait_for(marker.exists, [doomed])
     # The survivors start once the doomed relay holds its second batch: started together,
     # they could drain the outbox before it claimed again, and it would never hang. They
     # cannot end (--until-empty) while its claims are in flight.
@@ -227,11 +223,7 @@ def _relay_inside_a_publish(db, db_url, repo, gate: Path):
     _orders(db, repo, 30)
     relay = _relay_process(db_url, "--publisher", "_relay_publishers:gated", "--batch-size",
                            "10", env={"OUTBOX_TEST_GATE": str(gate)})
-    deadline = time.monotonic() + 60
-    while not (gate / "entered").exists():
-        assert relay.poll() is None, relay.stderr.read()
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    _wait_for((gate / "entered").exists, [relay])
     return relay
 
 
