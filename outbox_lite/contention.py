@@ -19,6 +19,7 @@ import peewee as pw
 from . import _sql as sql
 from . import migrate as schema
 from ._db import DatabaseUrl
+from ._server import LockCounters, peewee_query, server_of
 from .backoff import Backoff
 from .errors import DuplicateEventError, LockConflictError
 from .repository import OutboxRepository
@@ -50,8 +51,8 @@ class Result:
     claims: int  # successful claims (dedupe: successful inserts)
     cas_misses: int | None = None
     lock_conflicts: int = 0  # LockConflictError seen by the workers
-    deadlocks: int = 0  # Innodb_deadlocks during the scenario
-    lock_waits: int = 0  # Innodb_row_lock_waits during the scenario
+    deadlocks: int = 0  # the server's deadlocks during the scenario (all sessions)
+    lock_waits: int = 0  # the server's row-lock waits during the scenario (all sessions)
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -225,11 +226,9 @@ class ContentionSuite:
         for table in ("outbox_event", *_TABLES):
             self.database.execute_sql(f"TRUNCATE TABLE {table}")
 
-    def _server_counters(self) -> dict[str, int]:
-        rows = self.database.execute_sql(
-            "SHOW GLOBAL STATUS WHERE Variable_name IN"
-            " ('Innodb_deadlocks', 'Innodb_row_lock_waits')").fetchall()
-        return {name: int(value) for name, value in rows}
+    def _lock_counters(self) -> LockCounters:
+        query = peewee_query(self.database)
+        return server_of(query).lock_counters(query)
 
     def _measured(self, name: str, scenario: Scenario) -> Result:
         result = Result(scenario=name, workers=self.workers, events=self.events, seconds=0.0,
@@ -243,12 +242,10 @@ class ContentionSuite:
                           + ", ".join(f"{count} {status}" for status, count in sorted(rows)))
 
         workers = _Workers(self.database, report)
-        before = self._server_counters()
+        before = self._lock_counters()
         scenario(self, result, workers)
         result.seconds = workers.seconds
-        after = self._server_counters()
-        result.deadlocks = after["Innodb_deadlocks"] - before["Innodb_deadlocks"]
-        result.lock_waits = after["Innodb_row_lock_waits"] - before["Innodb_row_lock_waits"]
+        result.deadlocks, result.lock_waits = self._lock_counters() - before
         result.lock_conflicts = workers.lock_conflicts
         monitor.close()
         self.progress(f"{name}: {'ok' if result.ok else 'INVARIANT BROKEN'}"

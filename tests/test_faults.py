@@ -17,6 +17,7 @@ from outbox_lite import (
     LockConflictError,
     OutboxRepository,
 )
+from outbox_lite._server import server_of
 from outbox_lite.contention import SuiteClock
 
 import _proc
@@ -30,7 +31,8 @@ def _connection_id(database) -> int:
 
 
 def _deadlocks(fetch) -> int:
-    return int(fetch("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")[0]["Value"])
+    query = lambda sql: [tuple(row.values()) for row in fetch(sql)]  # noqa: E731
+    return server_of(query).lock_counters(query).deadlocks
 
 
 def _forget_dead_connection(database) -> None:

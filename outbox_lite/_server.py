@@ -1,0 +1,100 @@
+"""MariaDB and MySQL: what differs between the two servers, and why, in this one place.
+
+outbox_lite runs the same SQL on both wherever it can; where the servers differ, the rooms
+that care (the contention suite, the tests, the docs) ask :func:`server_of` and read the
+answer here, so no other module branches on the kind of server. Each difference is one name
+below, with the reason beside it.
+
+What is *not* a difference, checked on MariaDB 10.11 and MySQL 9.7:
+
+* ``information_schema.INNODB_METRICS`` counts deadlocks and row-lock waits on both, under the
+  same names (``lock_deadlocks``, ``lock_row_lock_waits``). MariaDB's status variable
+  ``Innodb_deadlocks`` does not exist on MySQL.
+* ``EXPLAIN FORMAT=TRADITIONAL`` answers in the tabular form on both (MySQL 9.7 answers
+  ``EXPLAIN`` alone in its tree format).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Sequence
+
+#: The tabular EXPLAIN on both servers.
+EXPLAIN = "EXPLAIN FORMAT=TRADITIONAL"
+
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+Query = Callable[[str], Sequence[Sequence[Any]]]
+
+
+class LockCounters(NamedTuple):
+    """The server's InnoDB lock counters since it started (global, all sessions)."""
+
+    deadlocks: int
+    lock_waits: int
+
+    def __sub__(self, other: tuple[int, ...]) -> "LockCounters":  # type: ignore[override]
+        return LockCounters(self.deadlocks - other[0], self.lock_waits - other[1])
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server, as ``SELECT VERSION()`` describes it."""
+
+    #: What ``SELECT VERSION()`` answered, e.g. ``10.11.19-MariaDB-0+deb12u1`` or ``9.7.4-2``.
+    version_text: str
+
+    @property
+    def is_mariadb(self) -> bool:
+        return "mariadb" in self.version_text.lower()
+
+    @property
+    def kind(self) -> str:
+        return "MariaDB" if self.is_mariadb else "MySQL"
+
+    @property
+    def version(self) -> tuple[int, int, int]:
+        match = _VERSION_RE.search(self.version_text)
+        if match is None:
+            raise ValueError(f"cannot read a version from {self.version_text!r}")
+        major, minor, patch = (int(part) for part in match.groups())
+        return major, minor, patch
+
+    def __str__(self) -> str:
+        return f"{self.kind} {'.'.join(map(str, self.version))}"
+
+    # -- lock counters ---------------------------------------------------------------------
+
+    #: Enabled InnoDB metrics read 'enabled' on MySQL and 1 on MariaDB, in a column of its own
+    #: name; an operator may disable them (innodb_monitor_disable), and then they stand still.
+    @property
+    def _metric_enabled(self) -> str:
+        return "enabled = 1" if self.is_mariadb else "status = 'enabled'"
+
+    def lock_counters(self, query: Query) -> LockCounters:
+        """The deadlock and row-lock-wait counters, read with ``query(sql) -> rows``.
+
+        Raises RuntimeError when the server does not count them (its InnoDB metrics
+        ``lock_deadlocks`` or ``lock_row_lock_waits`` are disabled), rather than answer 0.
+        """
+        rows = query("SELECT name, count FROM information_schema.INNODB_METRICS"
+                     " WHERE name IN ('lock_deadlocks', 'lock_row_lock_waits')"
+                     f" AND {self._metric_enabled}")
+        counts = {str(name): int(count) for name, count in rows}
+        missing = {"lock_deadlocks", "lock_row_lock_waits"} - set(counts)
+        if missing:
+            raise RuntimeError(
+                f"{self} does not count {', '.join(sorted(missing))}: enable it with"
+                f" SET GLOBAL innodb_monitor_enable = '{sorted(missing)[0]}'")
+        return LockCounters(counts["lock_deadlocks"], counts["lock_row_lock_waits"])
+
+
+def server_of(query: Query) -> Server:
+    """The server behind ``query(sql) -> rows`` (one ``SELECT VERSION()``)."""
+    return Server(str(query("SELECT VERSION()")[0][0]))
+
+
+def peewee_query(database: Any) -> Query:
+    """``query(sql) -> rows`` on a Peewee database."""
+    return lambda statement: database.execute_sql(statement).fetchall()
