@@ -108,11 +108,7 @@ class OutboxRepository:
         allowed_payload_keys: Collection[str] = (),
         claim_window: int = 4,
     ) -> None:
-        if not isinstance(database, pw.MySQLDatabase):
-            raise TypeError(
-                "database must be a peewee MySQLDatabase (or a subclass: pooled, ReconnectMixin,"
-                f" ...) for MySQL or MariaDB, not {type(database).__name__}")
-        self.database = database
+        self.database = _checks.database(database)
         self.max_attempts = _checks.positive_int("max_attempts", max_attempts, 1_000)
         self.backoff = backoff if backoff is not None else Backoff()
         if not isinstance(self.backoff, Backoff):

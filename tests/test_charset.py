@@ -1,0 +1,85 @@
+"""Characters: every one is stored and read back as it is, or refused before anything is written.
+
+A 3-byte ``utf8`` connection (Peewee 3's default) makes the server store a 4-byte character as
+'?' without an error, and MySQL hands JSON back through it too, so it loses on reading as well.
+The repository therefore refuses such a database when it is made, and a utf8mb4 connection
+(Peewee 4's default) round-trips them exactly in every text column.
+"""
+
+from __future__ import annotations
+
+import peewee as pw
+import pytest
+
+from outbox_lite import OutboxRepository
+from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
+
+from conftest import capture_sql
+
+ROCKET = "🚀"  # U+1F680: four bytes in UTF-8
+PEEWEE_MAJOR = int(pw.__version__.split(".")[0])
+
+
+def _peewee_default(db_url, **options):
+    """The database a Peewee user makes without naming a charset."""
+    return pw.MySQLDatabase(db_url.name, host=db_url.host, port=db_url.port, user=db_url.user,
+                            password=db_url.password, **options)
+
+
+@pytest.mark.parametrize("charset", ["utf8", "utf8mb3", "latin1"])
+def test_a_database_without_utf8mb4_is_refused_before_any_sql(db_url, fetch, charset):
+    database = _peewee_default(db_url, charset=charset)
+    with capture_sql(database) as statements, pytest.raises(ValueError) as caught:
+        OutboxRepository(database)
+    message = str(caught.value)
+    assert f"charset {charset!r}" in message and "charset='utf8mb4'" in message
+    assert "\n" not in message
+    assert statements == [] and database.is_closed()
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event")[0]["n"] == 0
+
+
+def test_peewee_default_connection_is_exact_or_refused_by_line(db_url, fetch):
+    """Peewee 4 connects with utf8mb4 and round-trips; Peewee 3's utf8 is refused at once."""
+    database = _peewee_default(db_url)
+    if PEEWEE_MAJOR >= 4:
+        assert database.connect_params["charset"] == "utf8mb4"
+        repo = OutboxRepository(database)
+        with database.atomic():
+            event = repo.create_in_transaction(event_type="job.created", aggregate_type="ai_job",
+                                               aggregate_id=ROCKET, payload={"text": ROCKET})
+        [row] = fetch("SELECT aggregate_id, payload FROM outbox_event WHERE id = %s", event.id)
+        assert row["aggregate_id"] == ROCKET and ROCKET in row["payload"]
+        database.close()
+    else:
+        assert database.connect_params["charset"] == "utf8"
+        with pytest.raises(ValueError, match="Peewee 3's default is utf8"):
+            OutboxRepository(database)
+        assert fetch("SELECT COUNT(*) AS n FROM outbox_event")[0]["n"] == 0
+
+
+def test_four_byte_characters_round_trip_in_every_text_column(db_url, fetch):
+    """Written and read through the repository on a utf8mb4 connection, and checked on a
+    connection of the test's own: nothing became '?'."""
+    database = QuietMySQLDatabase(db_url.name, host=db_url.host, port=db_url.port,
+                                  user=db_url.user, password=db_url.password, charset="utf8mb4")
+    repo = OutboxRepository(database)
+    text = f"{ROCKET} 𝄞 漢字 ü"
+    with database.atomic():
+        event = repo.create_in_transaction(
+            event_type=f"job.{ROCKET}", aggregate_type=f"ai_{ROCKET}", aggregate_id=text,
+            dedupe_key=f"key-{ROCKET}", payload={"text": text, ROCKET: [text]})
+    with database.atomic():
+        [claimed] = repo.claim_batch(f"worker-{ROCKET}")
+    assert claimed.payload == {"text": text, ROCKET: [text]}
+    assert (claimed.event_type, claimed.aggregate_type, claimed.aggregate_id) == (
+        f"job.{ROCKET}", f"ai_{ROCKET}", text)
+    assert claimed.locked_by == f"worker-{ROCKET}" and claimed.dedupe_key == f"key-{ROCKET}"
+    assert repo.mark_failed(event.id, f"worker-{ROCKET}", "boom", f"broker said {text}",
+                            retryable=False)
+    [row] = fetch("SELECT event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
+                  " last_error_message FROM outbox_event WHERE id = %s", event.id)
+    assert row["event_type"] == f"job.{ROCKET}" and row["aggregate_type"] == f"ai_{ROCKET}"
+    assert row["aggregate_id"] == text and row["dedupe_key"] == f"key-{ROCKET}"
+    assert row["last_error_message"] == f"broker said {text}"
+    assert "?" not in row["payload"] and text in row["payload"]
+    database.close()
