@@ -12,6 +12,11 @@ What is *not* a difference, checked on MariaDB 10.11 and MySQL 9.7:
   ``Innodb_deadlocks`` does not exist on MySQL.
 * ``EXPLAIN FORMAT=TRADITIONAL`` answers in the tabular form on both (MySQL 9.7 answers
   ``EXPLAIN`` alone in its tree format).
+* An aggregate's head (``_sql.HEADS``) is one index read on both when its ``ORDER BY`` names
+  the aggregate index's leading columns; ``ORDER BY o.id`` alone makes MySQL sort all the
+  aggregate's unpublished entries. And a head test per event, as a dependent subquery, is
+  cheap on MariaDB only, which caches a subquery's result per outer value: so the ordered
+  claim reads one head per aggregate, on both.
 """
 
 from __future__ import annotations
@@ -63,6 +68,22 @@ class Server:
 
     def __str__(self) -> str:
         return f"{self.kind} {'.'.join(map(str, self.version))}"
+
+    # -- how the schema reads back -----------------------------------------------------------
+
+    @property
+    def integer_display_width(self) -> bool:
+        """Whether ``information_schema`` shows integer display widths (``int(10) unsigned``):
+        MariaDB does; MySQL stopped in 8.0.19 (``int unsigned``)."""
+        return self.is_mariadb or self.version < (8, 0, 19)
+
+    @property
+    def json_column_type(self) -> str:
+        """What a ``JSON`` column is: MariaDB's JSON is an alias of LONGTEXT (with a
+        ``json_valid`` CHECK) that keeps the text as written; MySQL's is a binary type that
+        answers with text of its own (keys sorted, its own spacing, numbers as it holds them:
+        see ``outbox_lite.payload`` for what that means for payloads)."""
+        return "longtext" if self.is_mariadb else "json"
 
     # -- lock counters ---------------------------------------------------------------------
 

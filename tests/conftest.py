@@ -171,11 +171,12 @@ def new_event(repo: OutboxRepository, n: int = 0, **overrides: Any) -> Any:
 
 
 def seed(repo: OutboxRepository, count: int, **overrides: Any) -> list[int]:
-    """Create ``count`` events in one transaction; returns their ids."""
+    """Create ``count`` events in one transaction (the n-th of aggregate ``ai_job:n`` unless
+    ``overrides`` say otherwise); returns their ids."""
     with repo.database.atomic():
-        return [repo.create_in_transaction(event_type="job.created", aggregate_type="ai_job",
-                                           aggregate_id=str(n), payload={"n": n},
-                                           **overrides).id
+        return [repo.create_in_transaction(**{
+                    "event_type": "job.created", "aggregate_type": "ai_job",
+                    "aggregate_id": str(n), "payload": {"n": n}, **overrides}).id
                 for n in range(count)]
 
 

@@ -38,7 +38,8 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
     assert main(["migrate", "--database-url", raw]) == 0
     out = capsys.readouterr().out
     assert "created database" in out
-    assert "applied 001_create_outbox_event, 002_aggregate_index_published_at" in out
+    assert ("applied 001_create_outbox_event, 002_aggregate_index_published_at,"
+            " 003_status_index_covers_aggregate") in out
     assert main(["migrate", "--database-url", raw]) == 0
     assert "up to date" in capsys.readouterr().out
     conn = fresh_url.server_connection()
@@ -46,6 +47,8 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
         cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s"
                     " AND table_name = 'outbox_event'", (fresh_url.name,))
         assert cur.fetchone() == (1,)
+        assert main(["migrate", "--rollback", "--database-url", raw]) == 0
+        assert "rolled back 003_status_index_covers_aggregate" in capsys.readouterr().out
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
         assert "rolled back 002_aggregate_index_published_at" in capsys.readouterr().out
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
@@ -289,7 +292,7 @@ def test_a_rollback_that_works_prints_no_warning(fresh_url):
     assert _run("--database-url", raw).returncode == 0
     result = _run("--rollback", "--database-url", raw)
     assert result.returncode == 0
-    assert result.stdout.strip() == "rolled back 002_aggregate_index_published_at"
+    assert result.stdout.strip() == "rolled back 003_status_index_covers_aggregate"
     assert result.stderr == ""
 
 
@@ -334,14 +337,15 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
     # Something is pending: one line naming what is missing, no traceback, nothing changed.
     with conn.cursor() as cur:
         cur.execute(f"DELETE FROM `{fresh_url.name}`.outbox_lite_migrations"
-                    " WHERE name = '002_aggregate_index_published_at'")
+                    " WHERE name = '003_status_index_covers_aggregate'")
     result = _run("--database-url", raw)
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert f"user {user} lacks the ALTER privilege on table outbox_event" in result.stderr
     with conn.cursor() as cur:
         cur.execute(f"SELECT name FROM `{fresh_url.name}`.outbox_lite_migrations")
-        assert cur.fetchall() == (("001_create_outbox_event",),)
+        assert cur.fetchall() == (("001_create_outbox_event",),
+                                  ("002_aggregate_index_published_at",))
 
 
 @pytest.mark.parametrize("url", [

@@ -248,12 +248,12 @@ def test_the_documented_migration_grants_are_enough(fetch):
           f" ON `{target.name}`.* TO '{user}'@'127.0.0.1'")
     database = DatabaseUrl.parse(_url_text(target, user, password)).database()
     try:
-        assert schema.migrate(database) == ["001_create_outbox_event",
-                                            "002_aggregate_index_published_at"]
-        assert schema.rollback(database) == "002_aggregate_index_published_at"
-        assert schema.rollback(database) == "001_create_outbox_event"
-        assert schema.migrate(database) == ["001_create_outbox_event",
-                                            "002_aggregate_index_published_at"]
+        migrations = ["001_create_outbox_event", "002_aggregate_index_published_at",
+                      "003_status_index_covers_aggregate"]
+        assert schema.migrate(database) == migrations
+        for name in reversed(migrations):
+            assert schema.rollback(database) == name
+        assert schema.migrate(database) == migrations
         with pytest.raises(Exception, match="denied"):
             database.execute_sql("CREATE DATABASE sneaky_grants")
     finally:
