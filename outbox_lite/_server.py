@@ -85,6 +85,15 @@ class Server:
         see ``outbox_lite.payload`` for what that means for payloads)."""
         return "longtext" if self.is_mariadb else "json"
 
+    @property
+    def keeps_json_text(self) -> bool:
+        """Whether a JSON column gives back the text it was given. MariaDB does. MySQL gives
+        an equal JSON value in text of its own: keys sorted by length then bytes, a space
+        after ``:`` and ``,`` (``{"job_id":7,"sizes":[1]}`` reads ``{"sizes": [1], "job_id":
+        7}``); integers beyond 64 bits would come back as floats, which is why
+        ``outbox_lite.payload`` refuses them on both servers."""
+        return self.is_mariadb
+
     # -- lock counters ---------------------------------------------------------------------
 
     #: Enabled InnoDB metrics read 'enabled' on MySQL and 1 on MariaDB, in a column of its own

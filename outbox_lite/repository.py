@@ -199,7 +199,10 @@ class OutboxRepository:
         PayloadError) for bad input, both before any SQL, and DuplicateEventError when
         ``dedupe_key`` exists (the caller's transaction stays usable). Like Peewee's
         ``Model.create``, the returned event holds ``payload`` as given; the row holds its
-        JSON text (where a tuple reads back as a list).
+        JSON, which reads back as an equal value (a tuple as a list) on both servers: MariaDB
+        keeps the text as written, MySQL keeps the value in text of its own (keys sorted, its
+        own spacing). Integers beyond 64 bits, which MySQL would turn into floats, are
+        refused on both (PayloadError).
         """
         self._require_transaction("create_in_transaction")
         event_type = _checks.name("event_type", event_type)

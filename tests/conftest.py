@@ -23,6 +23,7 @@ from outbox_lite import Backoff, OutboxRepository
 from outbox_lite import migrate as schema
 from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
 from outbox_lite._db import DatabaseUrl
+from outbox_lite._server import Server, server_of
 
 from _redis import SHARED_REDIS, RedisServer, delete_queue
 
@@ -37,6 +38,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         TEST_URL.server_connection().close()
     except pymysql.MySQLError as exc:
         pytest.exit(f"the test server {TEST_URL} is unreachable: {exc}", returncode=3)
+
+
+@pytest.fixture(scope="session")
+def server() -> Server:
+    """The test server, as ``SELECT VERSION()`` describes it: a test that must know whether it
+    talks to MariaDB or MySQL asks this (and outbox_lite._server says what differs)."""
+    conn = TEST_URL.server_connection()
+    try:
+        with conn.cursor() as cur:
+            return server_of(lambda sql: (cur.execute(sql), cur.fetchall())[1])
+    finally:
+        conn.close()
 
 
 class FakeClock:

@@ -186,11 +186,14 @@ def test_unicode_payload_round_trips(db, repo):
     assert repo.model.get_by_id(event.id).payload == payload
 
 
-def test_returned_event_holds_the_payload_given_and_the_row_its_json(db, repo, fetch):
+def test_returned_event_holds_the_payload_given_and_the_row_its_json(db, repo, fetch, server):
     payload = {"job_id": 7, "sizes": (512, 256)}
     with db.atomic():
         event = repo.create_in_transaction(**{**EVENT, "payload": payload})
     assert event.payload is payload  # as Peewee's Model.create returns what it was given
     stored = fetch("SELECT payload FROM outbox_event WHERE id = %s", event.id)
-    assert stored == [{"payload": '{"job_id":7,"sizes":[512,256]}'}]
+    # MariaDB keeps the text outbox_lite wrote; MySQL answers an equal value in its own text.
+    expected = ('{"job_id":7,"sizes":[512,256]}' if server.keeps_json_text
+                else '{"sizes": [512, 256], "job_id": 7}')
+    assert stored == [{"payload": expected}]
     assert repo.model.get_by_id(event.id).payload == {"job_id": 7, "sizes": [512, 256]}

@@ -53,10 +53,11 @@ def test_the_first_usage_snippet_runs_as_written(db_url, fetch, tmp_path):
         assert result.stdout == f"published job.created {{'job_id': {job_id}}}\n"
     assert fetch("SELECT id, name FROM job ORDER BY id") == [
         {"id": 1, "name": "resize"}, {"id": 2, "name": "resize"}]
-    assert fetch("SELECT aggregate_id, status, attempt_count, payload FROM outbox_event"
-                 " ORDER BY id") == [
+    rows = fetch("SELECT aggregate_id, status, attempt_count, payload FROM outbox_event"
+                 " ORDER BY id")
+    assert [{**row, "payload": json.loads(row["payload"])} for row in rows] == [
         {"aggregate_id": str(n), "status": "published", "attempt_count": 1,
-         "payload": f'{{"job_id":{n}}}'} for n in (1, 2)]
+         "payload": {"job_id": n}} for n in (1, 2)]
 
 
 def test_the_relay_snippet_runs_as_written(db_url, fetch, tmp_path, rds, queue):
