@@ -39,6 +39,15 @@ INSERT = (
     f" VALUES (%s, %s, %s, %s, %s, '{PENDING}', 0, %s, %s, %s)"
 )
 
+#: Whether a dedupe_key is taken, by a consistent read that locks nothing. Asked before the
+#: INSERT: on MySQL, under REPEATABLE READ, an INSERT refused by the unique key leaves a gap
+#: lock before the primary key's end (handed on from the row it undid) until the caller's
+#: transaction ends, and that holds up every other writer's INSERT of an event. (MariaDB
+#: does so only when the INSERT first waited for a transaction that then committed the key,
+#: a race no read can see coming.)
+DEDUPE_KEY_TAKEN = (
+    "SELECT id FROM outbox_event FORCE INDEX (uq_outbox_event_dedupe_key) WHERE dedupe_key = %s")
+
 # -- claiming ---------------------------------------------------------------------------
 
 DISPATCHABLE = f"status = '{PENDING}' AND available_at <= %s"

@@ -208,6 +208,7 @@ class OutboxRepository:
         event_type = _checks.name("event_type", event_type)
         aggregate_type = _checks.name("aggregate_type", aggregate_type)
         aggregate_id = _checks.name("aggregate_id", aggregate_id)
+        given_key = dedupe_key is not None
         if dedupe_key is None:
             dedupe_key = os.urandom(16).hex()  # 128 random bits; uuid4() costs 4x more
         else:
@@ -217,6 +218,8 @@ class OutboxRepository:
         now = self._now()
         available = now if available_at is None else _checks.instant("available_at", available_at)
         params = (event_type, aggregate_type, aggregate_id, dedupe_key, body, available, now, now)
+        if given_key and self._execute(sql.DEDUPE_KEY_TAKEN, (dedupe_key,)).fetchone():
+            raise DuplicateEventError(dedupe_key)  # committed before: found without a lock
         try:
             cursor = self._execute(sql.INSERT, params)
         except pw.IntegrityError as exc:
