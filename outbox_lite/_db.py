@@ -226,11 +226,21 @@ class DatabaseUrl:
         return pymysql.connect(autocommit=True, **self._params())
 
     def exists(self) -> bool:
-        """Whether the database exists on the server."""
+        """Whether the database exists on the server. A database the user has no privilege
+        on is hidden from it, whether it exists or not: then the server's access-denied error
+        (1044) is raised rather than a False that may be untrue."""
         conn = self.server_connection()
         try:
             with conn.cursor() as cur:
-                return self._exists(cur)
+                if self._exists(cur):
+                    return True
+                try:  # 1049 only for a user who may know; 1044 for one who may not
+                    cur.execute(f"USE `{self.name}`")
+                except pymysql.MySQLError as exc:
+                    if driver_errno(exc) == 1049:  # ER_BAD_DB_ERROR
+                        return False
+                    raise
+                return True
         finally:
             conn.close()
 

@@ -12,6 +12,9 @@ What is *not* a difference, checked on MariaDB 10.11 and MySQL 9.7:
   ``Innodb_deadlocks`` does not exist on MySQL.
 * ``EXPLAIN FORMAT=TRADITIONAL`` answers in the tabular form on both (MySQL 9.7 answers
   ``EXPLAIN`` alone in its tree format).
+* A missing privilege: both answer 1142 (``… command denied to user …``) for a table the user
+  may not read, whether it exists or not, and 1044 for a database the user has no privilege
+  on, whether it exists or not: only a user who may see it is told 1146 or 1049.
 """
 
 from __future__ import annotations

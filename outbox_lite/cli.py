@@ -47,9 +47,9 @@ _DENIED_RE = re.compile(r"(\w+) command denied to user '([^']*)'@'[^']*' for tab
                         r"[`']?(?:[^`'.]*[`']?\.[`']?)?([^`'.]+)[`']?")
 _GRANTS = "see 'Schema, migrations and grants' in the README"
 _PRIVILEGE_HINTS = {
-    "migrate": "migrate needs SELECT on {history} to see that nothing is pending, and "
-               "CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the database "
-               "to apply migrations; " + _GRANTS,
+    "migrate": "migrate needs SELECT on {history} to see what is applied, and CREATE, "
+               "ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the database to apply "
+               "or roll back migrations; " + _GRANTS,
 }
 
 
