@@ -146,6 +146,15 @@ def test_url_options_are_pymysql_connection_arguments():
     assert url.with_name("other").options == url.options  # the contention suite keeps them
 
 
+def test_identity_verification_verifies_the_certificate_too():
+    # MySQL's VERIFY_IDENTITY includes VERIFY_CA; PyMySQL 1.2 implies it, 1.1 would raise
+    # ValueError ("Cannot set verify_mode to CERT_NONE when check_hostname is enabled").
+    url = DatabaseUrl.parse("mysql://app@db/app?ssl_ca=/ca.pem&ssl_verify_identity=true")
+    params = url.database().connect_params
+    assert params["ssl_verify_identity"] is True and params["ssl_verify_cert"] is True
+    assert dict(url.options) == {"ssl_ca": "/ca.pem", "ssl_verify_identity": True}
+
+
 @pytest.mark.parametrize("query,words", [
     ("ssl=true", "unknown URL parameter ssl; supported: ssl_ca"),
     ("sslmode=require", "unknown URL parameter sslmode"),
@@ -154,6 +163,7 @@ def test_url_options_are_pymysql_connection_arguments():
     ("ssl_verify_cert=maybe", "ssl_verify_cert must be true or false"),
     ("ssl_ca=a&ssl_ca=b", "ssl_ca is given twice"),
     ("ssl_key_password", "ssl_key_password needs a value"),
+    ("ssl_verify_identity=true&ssl_verify_cert=false", "cannot go with ssl_verify_cert=false"),
 ])
 def test_unknown_or_bad_url_parameters_are_refused_in_one_line(query, words):
     result = _run("--database-url", f"mysql://root@127.0.0.1:1/outbox_x?{query}")
@@ -380,7 +390,8 @@ def test_rollback_by_a_user_without_rights_on_the_database_is_refused(fresh_url,
     result = _run("--database-url", _url_of(fresh_url.with_name(f"{fresh_url.name}_no")),
                   "--rollback")
     assert result.returncode == 0
-    assert result.stdout.strip() == f"nothing to roll back: database {fresh_url.name}_no does not exist"
+    assert result.stdout.strip() == (f"nothing to roll back: database {fresh_url.name}_no "
+                                     "does not exist")
 
 
 def test_the_python_api_refuses_to_read_a_history_it_may_not_see(fresh_url, dml_user):
