@@ -92,6 +92,39 @@ class Server:
                 f" SET GLOBAL innodb_monitor_enable = '{sorted(missing)[0]}'")
         return LockCounters(counts["lock_deadlocks"], counts["lock_row_lock_waits"])
 
+    # -- logins and TLS --------------------------------------------------------------------
+
+    @property
+    def password_plugin(self) -> str:
+        """The plugin of an account made with ``CREATE USER … IDENTIFIED BY`` and no plugin
+        named: MySQL 8.0 made it caching_sha2_password (MySQL 9 removed mysql_native_password);
+        MariaDB keeps mysql_native_password."""
+        return "mysql_native_password" if self.is_mariadb else "caching_sha2_password"
+
+    @property
+    def caches_logins(self) -> bool:
+        """Whether a password login without TLS depends on the server's auth cache.
+
+        caching_sha2_password (MySQL) answers a login from its cache, which a full
+        authentication fills and a restart or ``FLUSH PRIVILEGES`` empties; without TLS, a
+        login the cache cannot answer sends the password RSA-encrypted with the server's key
+        (PyMySQL needs the cryptography package for that: its ``rsa`` extra). MariaDB's
+        mysql_native_password is a challenge-response with no cache and no RSA.
+        """
+        return not self.is_mariadb
+
+    def offers_tls(self, query: Query) -> bool:
+        """Whether the server accepts TLS connections now. MySQL 8+ creates a self-signed CA
+        and server certificate when its data directory is initialised and offers TLS by
+        default (``performance_schema.tls_channel_status`` says so; ``have_ssl`` is gone in
+        MySQL 9); MariaDB before 11.4 offers it only when given certificates
+        (``have_ssl`` is YES, else DISABLED)."""
+        if self.is_mariadb:
+            return str(query("SELECT @@have_ssl")[0][0]) == "YES"
+        rows = query("SELECT value FROM performance_schema.tls_channel_status"
+                     " WHERE channel = 'mysql_main' AND property = 'Enabled'")
+        return bool(rows) and str(rows[0][0]) == "Yes"
+
 
 def server_of(query: Query) -> Server:
     """The server behind ``query(sql) -> rows`` (one ``SELECT VERSION()``)."""
