@@ -128,6 +128,12 @@ def _options(query: str) -> tuple[tuple[str, Any], ...]:
     if options.get("ssl_verify_identity") and options.get("ssl_verify_cert") is False:
         raise DatabaseUrlError("URL parameter ssl_verify_identity=true checks the certificate:"
                                " it cannot go with ssl_verify_cert=false")
+    if options.get("ssl_verify_identity") and "ssl_ca" not in options:
+        # PyMySQL turns the host name check off when no CA file is given (check_hostname =
+        # not hasnoca and ...): the asked-for check would silently not happen.
+        raise DatabaseUrlError("URL parameter ssl_verify_identity=true needs ssl_ca (PyMySQL "
+                               "checks the host name only against a CA file it is given; the "
+                               "system's CAs: ssl_ca=/etc/ssl/certs/ca-certificates.crt)")
     return tuple(sorted(options.items()))
 
 

@@ -163,7 +163,9 @@ def test_identity_verification_verifies_the_certificate_too():
     ("ssl_verify_cert=maybe", "ssl_verify_cert must be true or false"),
     ("ssl_ca=a&ssl_ca=b", "ssl_ca is given twice"),
     ("ssl_key_password", "ssl_key_password needs a value"),
-    ("ssl_verify_identity=true&ssl_verify_cert=false", "cannot go with ssl_verify_cert=false"),
+    ("ssl_ca=/c.pem&ssl_verify_identity=true&ssl_verify_cert=false",
+     "cannot go with ssl_verify_cert=false"),
+    ("ssl_verify_identity=true", "ssl_verify_identity=true needs ssl_ca"),
 ])
 def test_unknown_or_bad_url_parameters_are_refused_in_one_line(query, words):
     result = _run("--database-url", f"mysql://root@127.0.0.1:1/outbox_x?{query}")
