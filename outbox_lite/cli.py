@@ -24,7 +24,7 @@ import peewee as pw
 import pymysql
 
 from . import __version__, _checks
-from ._db import DEFAULT_URL, DatabaseExistsError, DatabaseUrl, DatabaseUrlError
+from ._db import DEFAULT_URL, DatabaseExistsError, DatabaseUrl, DatabaseUrlError, tls_failure
 from .errors import OutboxError, driver_errno
 from .models import HISTORY_TABLE, MAX_ERROR_CODE_LENGTH, OutboxStatus
 from .payload import redact
@@ -47,9 +47,9 @@ _DENIED_RE = re.compile(r"(\w+) command denied to user '([^']*)'@'[^']*' for tab
                         r"[`']?(?:[^`'.]*[`']?\.[`']?)?([^`'.]+)[`']?")
 _GRANTS = "see 'Schema, migrations and grants' in the README"
 _PRIVILEGE_HINTS = {
-    "migrate": "migrate needs SELECT on {history} to see that nothing is pending, and "
-               "CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the database "
-               "to apply migrations; " + _GRANTS,
+    "migrate": "migrate needs SELECT on {history} to see what is applied, and CREATE, "
+               "ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the database to apply "
+               "or roll back migrations; " + _GRANTS,
 }
 
 
@@ -71,6 +71,13 @@ def _describe(exc: BaseException, url: DatabaseUrl | None, command: str) -> str:
             what, user, table = denied.groups()
             hint = _PRIVILEGE_HINTS.get(command, _GRANTS).format(history=HISTORY_TABLE)
             return f"user {user} lacks the {what} privilege on table {table}: {hint}"
+    unreadable = url.unreadable_files() if isinstance(exc, OSError) and url else []
+    if unreadable:
+        return (f"URL parameter {unreadable[0]} names a file that does not exist or cannot "
+                "be read")
+    tls = tls_failure(exc)  # before 2003: "cannot reach" would hide why
+    if url is not None and tls is not None:
+        return f"TLS with the MySQL server at {url.host}:{url.port} failed: {tls}"
     if url is not None and errno in _SERVER_ERRORS:
         return _SERVER_ERRORS[errno].format(url=url)
     orig = getattr(exc, "orig", exc)
