@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import threading
 from typing import Any, Awaitable, Callable
+
+from ..errors import InvalidEventError
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +66,15 @@ class LoopThread:
             self.thread.join(timeout)
         if not self.thread.is_alive() and not self.loop.is_closed():
             self.loop.close()
+
+
+def timeout_option(value: Any) -> float:
+    """A publisher's ``timeout``: a positive, finite number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidEventError(f"timeout must be a number of seconds, not {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidEventError(f"timeout must be a positive number of seconds, not {value}")
+    return float(value)
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import weakref
 from typing import Any, Awaitable, Callable, Mapping, Sequence
@@ -47,7 +46,7 @@ from ..errors import InvalidEventError, OutboxError
 from ..models import OutboxEvent
 from . import MESSAGE_ID_PREFIX, message_id, message_id_of_key
 from . import dedupe_key_of as dedupe_key_of  # re-exported: bullmq.dedupe_key_of
-from ._loop import CallTimeout, LoopThread
+from ._loop import CallTimeout, LoopThread, timeout_option
 from ._url import mask_url, password_of, scrub
 
 logger = logging.getLogger(__name__)
@@ -120,7 +119,7 @@ class BullMQPublisher:
                  max_data_bytes: int | None = None) -> None:
         self.queue_name = _queue_name(queue)
         self.prefix = _checks.name("prefix", prefix)
-        self.timeout = _timeout(timeout)
+        self.timeout = timeout_option(timeout)
         self.job_options = _job_options(job_options)
         self._max_data_bytes = (None if max_data_bytes is None
                                 else _checks.positive_int("max_data_bytes", max_data_bytes))
@@ -331,14 +330,6 @@ def _queue_name(queue: Any) -> str:
     if ":" in queue:
         raise InvalidEventError("queue must not contain ':' (BullMQ's key separator)")
     return str(queue)
-
-
-def _timeout(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidEventError(f"timeout must be a number of seconds, not {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise InvalidEventError(f"timeout must be a positive number of seconds, not {value}")
-    return float(value)
 
 
 def _job_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
