@@ -294,7 +294,8 @@ class NATSPublisher:
     def _error(self, exc: BaseException) -> NATSPublishError:
         errors = self._nats.errors
         text = scrub(str(exc) or type(exc).__name__, *self._passwords)
-        if isinstance(exc, (errors.AuthorizationError, errors.InvalidUserCredentialsError)):
+        if isinstance(exc, (errors.AuthorizationError, errors.InvalidUserCredentialsError)) or (
+                "authorization violation" in str(exc).lower()):  # how nats-py 2.x says it
             return NATSConfigurationError(
                 f"{self._where()} refused the login (check the user and password, or token)",
                 error_code="nats_access_refused")
