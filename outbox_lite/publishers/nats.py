@@ -26,6 +26,7 @@ at once, with its reason.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import weakref
@@ -77,6 +78,7 @@ class NATSMessageError(NATSPublishError):
     """JetStream did not take one message (see the module docstring for the codes)."""
 
 
+@functools.lru_cache(maxsize=4096)  # a service has few event types: checked once each
 def subject_error(subject: str) -> str | None:
     """Why ``subject`` is not a subject one can publish to, or None when it is one."""
     if not subject:
