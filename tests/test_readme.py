@@ -30,7 +30,8 @@ def _first_python_block() -> str:
 
 
 def _relay_block() -> str:
-    [block] = [b for b in _python_blocks() if "Relay(outbox, publisher)" in b]
+    [block] = [b for b in _python_blocks()
+               if "Relay(outbox, publisher)" in b and "BullMQPublisher(" in b]
     return block
 
 
