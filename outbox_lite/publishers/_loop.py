@@ -48,13 +48,20 @@ class LoopThread:
         """Cancel what still runs on the loop, await ``wind_up()`` (closing the client), stop
         the loop and join its thread; idempotent."""
 
+        async def cancel_the_rest() -> None:
+            for _ in range(5):  # a task cancelled may start another (a client's close)
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                if not tasks:
+                    return
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
         async def finish() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_the_rest()
             if wind_up is not None:
                 await wind_up()
+            await cancel_the_rest()  # what closing left behind: none pending at loop close
 
         if self.thread.is_alive():
             try:
