@@ -25,6 +25,7 @@ from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
 from outbox_lite._db import DatabaseUrl
 from outbox_lite._server import Server, server_of
 
+from _brokers import Exchange, NATSServer, RabbitMQNode, Stream, new_exchange, new_stream
 from _redis import SHARED_REDIS, RedisServer, delete_queue
 
 TEST_URL = DatabaseUrl.parse(
@@ -270,3 +271,68 @@ def redis_server() -> Iterator[Callable[..., RedisServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+# ---------------------------------------------------------------------------
+# RabbitMQ and NATS (see _brokers.py): targets of a test's own on the shared servers, and
+# servers of a test's own, always stopped afterwards
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def exchange() -> Iterator[Exchange]:
+    """A topic exchange of this test's own on the shared RabbitMQ, one durable queue bound
+    to it for every routing key; both deleted afterwards."""
+    target = new_exchange()
+    try:
+        yield target
+    finally:
+        target.delete()
+
+
+@pytest.fixture
+def stream() -> Iterator[Stream]:
+    """A JetStream stream of this test's own on the shared NATS, capturing its ``prefix.>``;
+    deleted afterwards."""
+    target = new_stream()
+    try:
+        yield target
+    finally:
+        target.delete()
+
+
+@pytest.fixture
+def rabbitmq_node(tmp_path: Any) -> Iterator[Callable[[], RabbitMQNode]]:
+    nodes: list[RabbitMQNode] = []
+
+    def start() -> RabbitMQNode:
+        folder = tmp_path / f"rabbitmq-{len(nodes)}"
+        folder.mkdir()
+        node = RabbitMQNode(folder)
+        nodes.append(node)
+        node.start()
+        return node
+
+    try:
+        yield start
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Any) -> Iterator[Callable[..., NATSServer]]:
+    servers: list[NATSServer] = []
+
+    def start(*options: str) -> NATSServer:
+        folder = tmp_path / f"nats-{len(servers)}"
+        folder.mkdir()
+        server = NATSServer(folder, *options)
+        servers.append(server)
+        server.start()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop()
