@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, NamedTuple, NoReturn, Sequence
 import peewee as pw
 import pymysql
 
-from . import __version__, _checks
+from . import __version__, _checks, _signals
 from ._db import DEFAULT_URL, DatabaseExistsError, DatabaseUrl, DatabaseUrlError
 from .errors import OutboxError, driver_errno
 from .models import HISTORY_TABLE, MAX_ERROR_CODE_LENGTH, OutboxStatus
@@ -195,7 +195,8 @@ def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
                             batch_size=args.batch_size, max_attempts=args.max_attempts,
                             keep=args.keep, force=args.force, progress=progress)
     try:
-        results = suite.run(args.scenario or _all_scenarios())
+        with _signals.interrupt_on(signal.SIGTERM):  # like Ctrl-C: the suite drops its database
+            results = suite.run(args.scenario or _all_scenarios())
     except DatabaseExistsError:
         raise CommandError(
             f"database {target.name} exists already and the suite would replace it: drop "
@@ -321,10 +322,10 @@ def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
             repo.stats()  # a wrong URL, a missing grant or table: one line now, not in the loop
             logging.getLogger("outbox_lite.relay").setLevel(logging.INFO)
             stop = threading.Event()
-            _stop_on_signals(stop)
-            print(f"outbox-lite relay {relay.worker_id}: from {url} to {publisher!r}"
-                  + (", ordered" if args.ordered else ""), file=sys.stderr, flush=True)
-            relay.run(stop, until_empty=args.until_empty)
+            with _signals.stop_on_signals(stop, _say_stopping):
+                print(f"outbox-lite relay {relay.worker_id}: from {url} to {publisher!r}"
+                      + (", ordered" if args.ordered else ""), file=sys.stderr, flush=True)
+                relay.run(stop, until_empty=args.until_empty)
     finally:
         publisher.close()
     return EXIT_OK
@@ -374,17 +375,18 @@ def _publisher_from_factory(spec: str) -> Any:
     return publisher
 
 
-def _stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM and SIGINT stop the relay after the batch in hand; a second SIGINT at once."""
-    def graceful(signum: int, frame: Any) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        stop.set()
-        print(f"outbox-lite relay: {signal.Signals(signum).name}: stopping after the batch in"
-              " hand (Ctrl-C again stops at once)", file=sys.stderr, flush=True)
-
-    signal.signal(signal.SIGTERM, graceful)
-    signal.signal(signal.SIGINT, graceful)
+def _say_stopping(signum: int, first: bool) -> None:
+    """What the signal that arrived does to the relay (said from the signal watcher thread,
+    never from the handler: see outbox_lite._signals)."""
+    name = signal.Signals(signum).name
+    if not first:
+        does = "already stopping after the batch in hand is recorded (SIGINT stops at once)"
+    elif signum == signal.SIGINT:
+        does = "stopping after the batch in hand is recorded (Ctrl-C again stops at once)"
+    else:
+        does = ("stopping after the batch in hand is recorded (a SIGINT stops at once,"
+                " leaving that batch's claims to expire)")
+    print(f"outbox-lite relay: {name}: {does}", file=sys.stderr, flush=True)
 
 
 def _all_scenarios() -> tuple[str, ...]:
@@ -608,16 +610,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         _quiet_stdout()
         return EXIT_BROKEN_PIPE
     except (DatabaseUrlError, ValueError) as exc:
+        if (interrupt := _interruption(exc)) is not None:
+            return _interrupted(args.command, interrupt)
         print(f"outbox-lite {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (CommandError, OutboxError, pw.PeeweeException, pymysql.MySQLError, OSError,
             RuntimeError) as exc:
+        if (interrupt := _interruption(exc)) is not None:
+            return _interrupted(args.command, interrupt)
         print(f"outbox-lite {args.command}: error: {_describe(exc, url, args.command)}",
               file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print(f"outbox-lite {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a signal that stops at once (_signals)
+        return _interrupted(args.command, exc)
+
+
+def _interruption(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt an error was raised while unwinding from (a rollback on the connection
+    the interrupt broke, say), if any: that error is the interrupt's consequence."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _interrupted(command: str, exc: KeyboardInterrupt) -> int:
+    signum = exc.signum if isinstance(exc, _signals.Interrupted) else signal.SIGINT
+    print(f"outbox-lite {command}: interrupted by {signal.Signals(signum).name}",
+          file=sys.stderr)
+    return 128 + signum  # what a shell reports for a command the signal ended: 130, 143
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -44,3 +44,15 @@ def insert_key(url: str, key: str, barrier: Any, results: Any) -> None:
         results.put(f"error: {type(exc).__name__}: {exc}")
     finally:
         database.close()
+
+
+def command(argv: list[str], stderr_path: str) -> None:
+    """``outbox-lite ARGV`` in this process, its stderr going to ``stderr_path``; exits with
+    the command's status (for processes forked by a forkserver that imported the CLI once)."""
+    import os
+    import sys
+
+    os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
+    from outbox_lite.cli import main
+
+    sys.exit(main(argv))
