@@ -312,23 +312,65 @@ def _cmd_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
 def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
     from .relay import Relay
 
+    metrics = _relay_metrics(args)
     publisher = _publisher(args)
+    server = None
     try:
         with _repository(url) as repo:
             relay = Relay(repo, publisher, worker_id=args.worker_id,
                           batch_size=args.batch_size, lock_timeout=args.lock_timeout,
                           ordered=args.ordered, max_idle_pause=args.max_idle_pause,
-                          progress_every=args.progress_every)
+                          progress_every=args.progress_every, metrics=metrics,
+                          stuck_after=args.stuck_after)
             repo.stats()  # a wrong URL, a missing grant or table: one line now, not in the loop
             logging.getLogger("outbox_lite.relay").setLevel(logging.INFO)
+            if metrics is not None:
+                server = _serve_metrics(metrics, args.metrics_host, args.metrics_port)
             stop = threading.Event()
             with _signals.stop_on_signals(stop, _say_stopping):
                 print(f"outbox-lite relay {relay.worker_id}: from {url} to {publisher!r}"
-                      + (", ordered" if args.ordered else ""), file=sys.stderr, flush=True)
+                      + (", ordered" if args.ordered else "")
+                      + (f"; metrics on {_metrics_url(server)}/metrics" if server else ""),
+                      file=sys.stderr, flush=True)
                 relay.run(stop, until_empty=args.until_empty)
     finally:
+        if server is not None:
+            server.close()
         publisher.close()
     return EXIT_OK
+
+
+def _relay_metrics(args: argparse.Namespace) -> Any:
+    """The RelayMetrics that --metrics-port asks for (in prometheus_client's default
+    registry, with the process's own metrics), or None."""
+    if args.metrics_port is None:
+        given = [flag for flag, value in (("--metrics-host", args.metrics_host),
+                                          ("--stats-every", args.stats_every),
+                                          ("--stuck-after", args.stuck_after))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{' and '.join(given)} go{'es' if len(given) == 1 else ''}"
+                             " with --metrics-port")
+        return None
+    try:
+        from .metrics import RelayMetrics
+    except ImportError as exc:
+        raise CommandError(str(exc)) from None
+    return RelayMetrics(stats_every=15.0 if args.stats_every is None else args.stats_every)
+
+
+def _serve_metrics(metrics: Any, host: str | None, port: int) -> Any:
+    host = host or "127.0.0.1"
+    try:
+        return metrics.serve(port, host)
+    except OSError as exc:
+        raise CommandError(f"--metrics-port {port}: cannot listen on {host}:{port}"
+                           f" ({exc.strerror or exc})") from None
+
+
+def _metrics_url(server: Any) -> str:
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    return f"http://{host}:{server.port}"
 
 
 def _publisher(args: argparse.Namespace) -> Any:
@@ -465,6 +507,33 @@ def _add_dead_letter_flags(parser: argparse.ArgumentParser, *, action: str | Non
     parser.set_defaults(handler=_cmd_dead_letters)
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is from 0 to 65535, not {value}")
+    return value
+
+
+def _add_metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=_port, metavar="PORT",
+                        help="serve Prometheus metrics at /metrics and a health check at "
+                             "/healthz on this port (0: any free one, named at start-up); "
+                             "needs outbox-lite[metrics]")
+    parser.add_argument("--metrics-host", metavar="HOST",
+                        help="the address to serve them on (default: 127.0.0.1; 0.0.0.0 for "
+                             "every interface)")
+    parser.add_argument("--stats-every", type=_seconds, metavar="SECONDS",
+                        help="seconds between the outbox statistics read for the gauges, "
+                             "one query set per relay (default: 15)")
+    parser.add_argument("--stuck-after", type=_seconds, metavar="SECONDS",
+                        help="/healthz answers 503 once the relay's loop has made no progress "
+                             "for this long: a database or a publisher that does not return "
+                             "(default: the lock timeout, at least 10 s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="outbox-lite", description="Transactional outbox tools for MySQL/MariaDB.")
@@ -577,6 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "fewer queries (default: 0.05, about 60 queries/s)")
     p.add_argument("--progress-every", type=_seconds, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default: 5)")
+    _add_metrics_flags(p)
     p.set_defaults(handler=_cmd_relay)
     return parser
 

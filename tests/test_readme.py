@@ -78,3 +78,22 @@ def test_the_relay_snippet_runs_as_written(db_url, fetch, tmp_path, rds, queue):
         job = rds.hgetall(f"bull:{queue}:outbox-job.created%3A{n}")
         assert job["name"] == "job.created" and json.loads(job["data"]) == {"job_id": n}, job
     assert rds.llen(f"bull:{queue}:wait") == 2
+
+
+def test_the_metrics_snippet_runs_after_the_relay_snippets_setup(db_url, fetch, tmp_path,
+                                                                 queue):
+    """The metrics block in place of the relay block's last two lines: it publishes the
+    setup's event and prints the counter that says so."""
+    [metrics_block] = [b for b in _python_blocks() if "RelayMetrics(registry)" in b]
+    setup = _relay_block().split("with BullMQPublisher(")[0]
+    ours = (f"peewee.MySQLDatabase({db_url.name!r}, host={db_url.host!r}, port={db_url.port},"
+            f" user={db_url.user!r}, password={db_url.password!r}, charset=\"utf8mb4\")")
+    script = tmp_path / "readme_metrics.py"
+    script.write_text((setup + metrics_block).replace(CONNECT, ours)
+                      .replace('"domain-events"', repr(queue))
+                      .replace("metrics.serve(9464)", "metrics.serve(0)"), encoding="utf-8")
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "1.0\n"
+    assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
