@@ -262,6 +262,11 @@ def _dead_letter_count(repo: OutboxRepository, ids: list[int] | None,
 def _cmd_dead_letters(args: argparse.Namespace, url: DatabaseUrl) -> int:
     ids = sorted(set(args.id)) if args.id else None
     code = args.error_code
+    if args.action is None:
+        return _list_dead_letters(args, url, ids, code)
+    if getattr(args, "limit", None) is not None or getattr(args, "json", False):
+        raise UsageError("--limit and --json go with the listing (dead-letters without"
+                         " --requeue or --delete)")
     if args.all and (ids or code is not None):
         raise UsageError("--all selects every dead letter: give --all, or --id/--error-code")
     if args.action == "delete" and not (args.all or ids or code is not None):
@@ -287,6 +292,82 @@ def _cmd_dead_letters(args: argparse.Namespace, url: DatabaseUrl) -> int:
         line += f" (no dead letter has last_error_code {code})"
     print(line + (" (dry run: nothing changed)" if args.dry_run else ""))
     return EXIT_OK
+
+
+# -- the dead-letter listing -----------------------------------------------------------
+
+DEFAULT_LIST_LIMIT = 50
+_MESSAGE_WIDTH = 60  # characters of the stored message in the table (--json has it all)
+
+
+def _list_dead_letters(args: argparse.Namespace, url: DatabaseUrl, ids: list[int] | None,
+                       code: str | None) -> int:
+    """``dead-letters`` with no action: the dead letters (oldest id first), at most
+    ``--limit``, as a table or ``--json``; payloads are never shown."""
+    if args.all or args.dry_run:
+        raise UsageError("--all and --dry-run go with --requeue or --delete; the listing"
+                         " shows at most --limit dead letters")
+    limit = DEFAULT_LIST_LIMIT if args.limit is None else args.limit
+    with _repository(url) as repo:
+        model = repo.model
+        total = _dead_letter_count(repo, ids, code)
+        query = (model.select(model.id, model.event_type, model.aggregate_type,
+                              model.aggregate_id, model.last_error_code,
+                              model.last_error_message, model.attempt_count, model.created_at,
+                              model.updated_at)
+                 .where(model.status == OutboxStatus.FAILED.value))
+        if ids is not None:
+            query = query.where(model.id.in_(ids))
+        if code is not None:
+            query = query.where(model.last_error_code == code)
+        rows = list(query.order_by(model.id).limit(limit))
+        now = repo.clock()
+    letters = [{"id": e.id, "event_type": e.event_type, "aggregate_type": e.aggregate_type,
+                "aggregate_id": e.aggregate_id, "error_code": e.last_error_code,
+                "error_message": redact(e.last_error_message or ""),
+                "attempt_count": e.attempt_count, "created_at": e.created_at.isoformat(),
+                "failed_at": e.updated_at.isoformat(),
+                "age_seconds": round(max(0.0, (now - e.updated_at).total_seconds()), 3)}
+               for e in rows]
+    if args.json:
+        print(json.dumps({"dead_letters": letters, "shown": len(letters), "total": total,
+                          "limit": limit}, indent=2))
+        return EXIT_OK
+    if not letters:
+        print("no dead letters" + ("" if ids is None and code is None else " match"))
+        return EXIT_OK
+    table = [("ID", "EVENT TYPE", "AGGREGATE", "CODE", "ATTEMPTS", "FAILED", "MESSAGE")]
+    table += [(str(d["id"]), _printable(d["event_type"]),
+               _printable(f"{d['aggregate_type']}:{d['aggregate_id']}"),
+               _printable(d["error_code"] or "-"), str(d["attempt_count"]),
+               _ago(float(d["age_seconds"])) + " ago",
+               _printable(d["error_message"], _MESSAGE_WIDTH)) for d in letters]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    shown = (f"{_plural(total, 'dead letter')}" if len(letters) == total
+             else f"{len(letters):,} of {_plural(total, 'dead letter')} (--limit {limit})")
+    print(f"{shown}; act on them with: outbox-lite dead-letters --requeue|--delete --id ID ...")
+    return EXIT_OK
+
+
+def _printable(text: str, width: int | None = None) -> str:
+    """One line a terminal shows as it is: control characters escaped (a stored message may
+    hold anything a broker said), cut to ``width`` characters."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if width is not None and len(text) > width:
+        text = text[:width - 1] + "…"
+    return text
+
+
+def _ago(seconds: float) -> str:
+    """90 -> "1m 30s", 7200 -> "2h 0m", 200000 -> "2d 7h"."""
+    whole = int(seconds)
+    for size, unit, smaller, small_unit in ((86400, "d", 3600, "h"), (3600, "h", 60, "m"),
+                                            (60, "m", 1, "s")):
+        if whole >= size:
+            return f"{whole // size}{unit} {whole % size // smaller}{small_unit}"
+    return f"{whole}s"
 
 
 def _cmd_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
@@ -485,11 +566,16 @@ def _url_options() -> list[str]:
 def _add_dead_letter_flags(parser: argparse.ArgumentParser, *, action: str | None) -> None:
     _add_database_flag(parser)
     if action is None:
-        what = parser.add_mutually_exclusive_group(required=True)
+        what = parser.add_mutually_exclusive_group()
         what.add_argument("--requeue", dest="action", action="store_const", const="requeue",
                           help="move them back to pending with attempt_count 0")
         what.add_argument("--delete", dest="action", action="store_const", const="delete",
                           help="delete them for good (they are never published)")
+        parser.add_argument("--limit", type=_positive, metavar="N",
+                            help="list at most N dead letters, oldest id first (default: "
+                                 f"{DEFAULT_LIST_LIMIT}; without --requeue or --delete)")
+        parser.add_argument("--json", action="store_true",
+                            help="list them as one JSON document, each message in full")
     else:
         parser.set_defaults(action=action)
     parser.add_argument("--id", type=_event_id, action="extend", nargs="+", metavar="EVENT_ID",
@@ -586,11 +672,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_stats)
 
     p = commands.add_parser(
-        "dead-letters", help="requeue or delete dead letters (failed events)",
-        description="--requeue moves failed events back to pending with attempt_count 0; "
-                    "--delete removes them for good. Both act on every dead letter, or on "
-                    "those selected by --id and/or --error-code; --delete of every one "
-                    "needs --all. --dry-run says how many would change.")
+        "dead-letters", help="list, requeue or delete dead letters (failed events)",
+        description="Without an action, lists the dead letters (id, event type, aggregate, "
+                    "error code, the stored message with credentials masked, attempts, how "
+                    "long ago they failed; never the payload), at most --limit, oldest id "
+                    "first, or --json. --requeue moves failed events back to pending with "
+                    "attempt_count 0; --delete removes them for good. All act on every dead "
+                    "letter, or on those selected by --id and/or --error-code; --delete of "
+                    "every one needs --all. --dry-run says how many would change.")
     _add_dead_letter_flags(p, action=None)
 
     p = commands.add_parser(
