@@ -13,7 +13,10 @@ Lock conflicts and lost connections never end :meth:`Relay.run`: the round is re
 :func:`outbox_lite.reconnect` with a bounded backoff when the connection broke (so also for a
 database made with ``autoconnect=False`` and for a pooled one). Stopping finishes the batch in
 hand and records its outcomes first. The relay imports no broker client: a publisher is any
-object with ``publish(events)`` and ``close()`` (:class:`Publisher`).
+object with ``publish(events)`` and ``close()`` (:class:`Publisher`). Nor any metrics client: a
+relay given ``metrics`` tells that :class:`RelayObserver` what happens (its counts, rounds,
+publish times, the events it recorded, the outbox's stats), and
+:class:`outbox_lite.metrics.RelayMetrics` turns that into Prometheus families.
 """
 
 from __future__ import annotations
