@@ -186,7 +186,9 @@ class Relay:
     * ``lock_timeout``: seconds after which claims count as expired;
     * ``ordered``: claim only heads of aggregates (:meth:`OutboxRepository.claim_batch`);
     * ``heartbeat``: seconds between renewals of a batch whose publish runs long (default: a
-      third of ``lock_timeout``);
+      third of ``lock_timeout``); renewals stop once the publish has run ``stuck_after``
+      seconds, so the claims of a publish that never returns expire and another relay
+      publishes those events (this one is then fenced off when it records);
     * ``release_every``: seconds between releases of expired claims (default: a quarter of
       ``lock_timeout``, at most 30);
     * ``idle_pause``, ``max_idle_pause``: the first and the longest wait when nothing was
@@ -205,8 +207,8 @@ class Relay:
       publisher; the relay's own pauses (idle, reconnect, waiting for the publisher) count as
       progress until they end, so an idle relay or one that waits out an outage is not
       stuck. Default: ``lock_timeout`` (a batch is meant to be published and recorded within
-      it; the heartbeat renews the claims of one that takes longer, so nothing else would
-      notice a publish that never returns), at least 10 s (a connect attempt's timeout).
+      it; the heartbeat renews the claims of one that takes longer, up to this bound), at
+      least 10 s (a connect attempt's timeout).
     """
 
     def __init__(
@@ -258,7 +260,8 @@ class Relay:
         self.metrics = metrics
         self.stats = RelayStats()
         self._database = repository.database
-        self._heartbeat = _Heartbeat(repository, self.worker_id, self.heartbeat, self.stats)
+        self._heartbeat = _Heartbeat(repository, self.worker_id, self.heartbeat, self.stats,
+                                     give_up_after=self.stuck_after)
         self._next_release = 0.0
         self._next_stats = 0.0
         self._running = False
@@ -571,16 +574,20 @@ def _seconds(name: str, value: float | None, default: float | None = None, *,
 
 class _Heartbeat:
     """Renews a batch's claims every ``interval`` seconds while its publish runs, from a
-    thread of its own (so on a connection of its own)."""
+    thread of its own (so on a connection of its own), until the publish has run
+    ``give_up_after`` seconds: a publish that never returns must not keep its events from
+    every other relay for ever."""
 
     def __init__(self, repository: OutboxRepository, worker_id: str, interval: float,
-                 stats: RelayStats) -> None:
+                 stats: RelayStats, *, give_up_after: float) -> None:
         self.repository = repository
         self.worker_id = worker_id
         self.interval = interval
+        self.give_up_after = give_up_after
         self.stats = stats
         self._cond = threading.Condition()
         self._held: list[int] | None = None
+        self._held_at = 0.0
         self._since = 0.0
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -588,6 +595,7 @@ class _Heartbeat:
     def hold(self, event_ids: list[int]) -> None:
         with self._cond:
             self._held, self._since = event_ids, time.monotonic()
+            self._held_at = self._since
             if self._thread is None:
                 self._stopping = False
                 self._thread = threading.Thread(target=self._loop, daemon=True,
@@ -614,6 +622,13 @@ class _Heartbeat:
             while not self._stopping:
                 if self._held is None:
                     self._cond.wait()
+                    continue
+                if time.monotonic() - self._held_at > self.give_up_after:
+                    logger.warning(
+                        "relay %s: a publish has run for more than %g s: its %d claims are no"
+                        " longer renewed, so they expire and another relay publishes them",
+                        self.worker_id, self.give_up_after, len(self._held))
+                    self._held = None  # until the next batch is held
                     continue
                 wait = self._since + self.interval - time.monotonic()
                 if wait <= 0:

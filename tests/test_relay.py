@@ -223,6 +223,27 @@ def test_without_renewals_the_same_publish_loses_its_claims(db, repo, fetch, clo
         {"status": "pending", "last_error_code": "lock_expired"}]
 
 
+def test_a_publish_that_never_returns_stops_being_renewed_after_stuck_after(
+        db, repo, fetch, clock, caplog):
+    seed(repo, 3)
+    broker = HangingBroker()
+    relay = _relay(repo, broker, lock_timeout=60, heartbeat=0.02, stuck_after=0.3)
+    with caplog.at_level(logging.WARNING, logger="outbox_lite.relay"):
+        worker, results = _round_in_a_thread(relay, broker)
+        _wait_until(lambda: "no longer renewed" in caplog.text)
+        renewals = relay.stats.renewals
+        assert renewals >= 1  # it renewed while the publish was young
+        clock.advance(seconds=90)  # a lock timeout and a half since the last renewal
+        assert OutboxRepository(db, clock=clock).release_expired_locks(60) == 3
+        assert relay.stats.renewals == renewals  # and none since it gave up
+    broker.finish.set()
+    worker.join(10)
+    relay.close()
+    assert results[0].lost == 3 and results[0].published == 0  # fenced off when recording
+    assert fetch("SELECT DISTINCT status, last_error_code FROM outbox_event") == [
+        {"status": "pending", "last_error_code": "lock_expired"}]
+
+
 def test_run_until_empty_drains_then_returns(db, repo, fetch):
     seed(repo, 250)
     broker = Broker()
