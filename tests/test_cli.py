@@ -47,6 +47,8 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
                     " AND table_name = 'outbox_event'", (fresh_url.name,))
         assert cur.fetchone() == (1,)
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
+        assert "rolled back 003_create_inbox_message" in capsys.readouterr().out
+        assert main(["migrate", "--rollback", "--database-url", raw]) == 0
         assert "rolled back 002_aggregate_index_published_at" in capsys.readouterr().out
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
         assert "rolled back 001_create_outbox_event" in capsys.readouterr().out
@@ -289,7 +291,7 @@ def test_a_rollback_that_works_prints_no_warning(fresh_url):
     assert _run("--database-url", raw).returncode == 0
     result = _run("--rollback", "--database-url", raw)
     assert result.returncode == 0
-    assert result.stdout.strip() == "rolled back 002_aggregate_index_published_at"
+    assert result.stdout.strip() == "rolled back 003_create_inbox_message"
     assert result.stderr == ""
 
 
@@ -340,8 +342,9 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert f"user {user} lacks the ALTER privilege on table outbox_event" in result.stderr
     with conn.cursor() as cur:
-        cur.execute(f"SELECT name FROM `{fresh_url.name}`.outbox_lite_migrations")
-        assert cur.fetchall() == (("001_create_outbox_event",),)
+        cur.execute(f"SELECT name FROM `{fresh_url.name}`.outbox_lite_migrations"
+                    " ORDER BY name")
+        assert cur.fetchall() == (("001_create_outbox_event",), ("003_create_inbox_message",))
 
 
 @pytest.mark.parametrize("url", [

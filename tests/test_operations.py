@@ -249,11 +249,14 @@ def test_the_documented_migration_grants_are_enough(fetch):
     database = DatabaseUrl.parse(_url_text(target, user, password)).database()
     try:
         assert schema.migrate(database) == ["001_create_outbox_event",
-                                            "002_aggregate_index_published_at"]
+                                            "002_aggregate_index_published_at",
+                                            "003_create_inbox_message"]
+        assert schema.rollback(database) == "003_create_inbox_message"
         assert schema.rollback(database) == "002_aggregate_index_published_at"
         assert schema.rollback(database) == "001_create_outbox_event"
         assert schema.migrate(database) == ["001_create_outbox_event",
-                                            "002_aggregate_index_published_at"]
+                                            "002_aggregate_index_published_at",
+                                            "003_create_inbox_message"]
         with pytest.raises(Exception, match="denied"):
             database.execute_sql("CREATE DATABASE sneaky_grants")
     finally:
