@@ -315,6 +315,30 @@ def test_purge_of_every_consumer_in_batches_each_delete_in_autocommit(db, clock,
     assert not any(in_transaction)  # each statement is its own autocommit transaction
 
 
+def test_each_batch_commits_alone_so_purge_holds_no_lock_across_batches(db, db_url, clock,
+                                                                       fetch):
+    _seed(db, clock, "c", [f"m-{n}" for n in range(9)], step=1)
+    clock.advance(days=2)
+    consumer = db_url.database()
+    consumer.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+    redelivered = []
+
+    def between_batches(sql, params):
+        if sql.startswith("SELECT") and params and len(params) == 3:  # a page after the first
+            gone = [r[0] for r in consumer.execute_sql(
+                "SELECT message_id FROM (SELECT 'm-0' AS message_id UNION SELECT 'm-3') AS t"
+                " WHERE message_id NOT IN (SELECT message_id FROM inbox_message)").fetchall()]
+            for message_id in gone:  # deleted by an earlier batch: its locks must be gone
+                with consumer.atomic():
+                    redelivered.append((message_id, Inbox(consumer, "c").accept(message_id)))
+
+    with capture_sql(db, before=between_batches):
+        assert inbox_module.purge(db, 86400, batch_size=3, clock=clock) == 9
+    consumer.close()
+    assert ("m-0", True) in redelivered and ("m-3", True) in redelivered  # no 1205
+    assert sorted(r["message_id"] for r in _records(fetch)) == ["m-0", "m-3"]
+
+
 def test_purge_ends_when_more_records_than_a_batch_share_one_instant(db, clock, fetch):
     _seed(db, clock, "c", [f"m-{n:03d}" for n in range(25)])  # the clock stands still
     clock.advance(hours=2)
