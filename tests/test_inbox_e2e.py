@@ -1,0 +1,159 @@
+"""End to end: outbox -> `outbox-lite relay` -> BullMQ on real Redis -> consumer processes (the
+bullmq package's Worker) whose processor accepts each job's id in the inbox and writes its
+business row in the same transaction. Faults: consumers SIGKILLed after their commit and before
+BullMQ records the job complete (BullMQ hands the stalled job out again), and a relay SIGKILLed
+between its publish and its record (its successor publishes the batch again). Every event's
+business row must exist exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from outbox_lite.publishers.bullmq import job_id
+
+from _redis import SHARED_REDIS
+
+TESTS = Path(__file__).resolve().parent
+EVENTS = 60
+FIRST_BATCH = 10
+
+
+def _env(db_url, queue, **extra):
+    return {**os.environ, "PYTHONPATH": str(TESTS), "OUTBOX_TEST_REDIS_URL": SHARED_REDIS,
+            "OUTBOX_TEST_QUEUE": queue, "OUTBOX_TEST_DATABASE_URL": db_url.secret_text(),
+            **{f"OUTBOX_TEST_{k.upper()}": str(v) for k, v in extra.items()}}
+
+
+@pytest.fixture
+def processes():
+    """Start processes; whatever a failed test leaves running is killed (by its pid)."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(command, env):
+        started.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True))
+        return started[-1]
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+def _consumer(start, db_url, queue, tmp_path, name, hang_after=0):
+    marker = tmp_path / f"{name}.committed"
+    process = start([sys.executable, str(TESTS / "_inbox_worker.py")],
+                    _env(db_url, queue, hang_after=hang_after, marker=marker))
+    return process, marker
+
+
+def _relay(start, db_url, *args, env):
+    return start([sys.executable, "-m", "outbox_lite.cli", "relay", "--database-url",
+                  db_url.secret_text(), "--batch-size", str(FIRST_BATCH), "--lock-timeout", "20",
+                  "--progress-every", "0.5", *args], env)
+
+
+def _wait_for(condition, processes, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            for p in processes:
+                p.kill()
+            pytest.fail(f"waited in vain for {what}: "
+                        + " | ".join(p.communicate()[1][-1500:] for p in processes))
+        time.sleep(0.02)
+
+
+def _kill(process):
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    process.communicate()
+
+
+def test_kills_of_consumers_and_of_a_relay_leave_each_business_row_exactly_once(
+        db, db_url, repo, fetch, queue, rds, tmp_path, processes):
+    db.execute_sql("CREATE TABLE effect (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+                   " message_id VARCHAR(704) NOT NULL, n INT NOT NULL, pid INT NOT NULL)")
+    db.execute_sql("CREATE TABLE delivery (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+                   " message_id VARCHAR(704) NOT NULL, accepted BOOL NOT NULL,"
+                   " pid INT NOT NULL)")
+    with db.atomic():
+        events = [repo.create_in_transaction(
+            event_type="order.paid", aggregate_type="order", aggregate_id=str(n),
+            payload={"n": n}, dedupe_key=f"order:{n}") for n in range(EVENTS)]
+    ids = {job_id(e.dedupe_key): e.payload["n"] for e in events}
+
+    def effects() -> int:
+        count = fetch("SELECT COUNT(*) AS n FROM effect")[0]["n"]
+        assert count <= EVENTS, "a business row was written twice"
+        return count
+
+    # A relay publishes its first batch and hangs before recording it (killed there, below).
+    hung = tmp_path / "relay.hung"
+    doomed = _relay(processes, db_url, "--publisher",
+                    "_inbox_publishers:hanging_forgetful_bullmq", "--worker-id", "relay-doomed",
+                    env=_env(db_url, queue, hang_after=1, marker=hung))
+    _wait_for(hung.exists, [doomed], "the doomed relay's first batch")
+    first = [job_id(e.dedupe_key) for e in events if str(e.id) in hung.read_text().split(",")]
+    assert len(first) == FIRST_BATCH
+
+    # Two consumers die, each right after a commit, before BullMQ records the job complete.
+    killed = []
+    for name, hang_after in (("w1", 3), ("w2", 2)):
+        worker, marker = _consumer(processes, db_url, queue, tmp_path, name, hang_after)
+        _wait_for(marker.exists, [worker, doomed], f"{name}'s commit")
+        killed.append(marker.read_text())
+        _kill(worker)
+    # A third works off the stalled jobs and the rest of the batch; BullMQ removes each
+    # completed job (the doomed relay's job options), so its copies can come back as new jobs.
+    w3, w3_marker = _consumer(processes, db_url, queue, tmp_path, "w3", hang_after=12)
+    _wait_for(lambda: effects() >= FIRST_BATCH and not any(
+        rds.exists(f"bull:{queue}:{j}") for j in first), [w3, doomed], "the first batch")
+    assert effects() == FIRST_BATCH
+
+    # The doomed relay dies between publish and record; its claims expire (set through SQL);
+    # its successor publishes that batch again, then the rest.
+    _kill(doomed)
+    fetch("UPDATE outbox_event SET locked_at = locked_at - INTERVAL 1 HOUR"
+          " WHERE locked_by = 'relay-doomed'")
+    survivor = _relay(processes, db_url, "--bullmq-url", SHARED_REDIS, "--queue", queue,
+                      "--until-empty", env=_env(db_url, queue))
+    _wait_for(w3_marker.exists, [w3], "w3's twelfth commit")
+    killed.append(w3_marker.read_text())
+    _kill(w3)
+    w4, _ = _consumer(processes, db_url, queue, tmp_path, "w4")
+    out, err = survivor.communicate(timeout=120)
+    assert survivor.returncode == 0, err[-2000:]
+    _wait_for(lambda: effects() == EVENTS and fetch(
+        "SELECT COUNT(DISTINCT message_id) AS n FROM delivery WHERE NOT accepted")[0]["n"]
+        >= FIRST_BATCH and rds.llen(f"bull:{queue}:wait") == 0
+        and rds.llen(f"bull:{queue}:active") == 0, [w4], "every job done")
+    w4.send_signal(signal.SIGTERM)
+    assert w4.wait(timeout=30) == 0, w4.communicate()[1][-2000:]
+    w4.communicate()
+
+    # Exactly one business row per event, with its payload; the inbox holds each id once.
+    rows = fetch("SELECT message_id, n, COUNT(*) AS copies FROM effect GROUP BY message_id, n")
+    assert {r["message_id"]: r["n"] for r in rows} == ids
+    assert {r["copies"] for r in rows} == {1}
+    assert fetch("SELECT consumer, COUNT(*) AS n FROM inbox_message GROUP BY consumer") == [
+        {"consumer": "billing", "n": EVENTS}]
+    # The faults did happen: a killed consumer's job came back (as many times as it was
+    # killed), and so did each job of the republished batch; the inbox answered True once.
+    deliveries = {r["message_id"]: (int(r["firsts"]), r["n"]) for r in fetch(
+        "SELECT message_id, SUM(accepted) AS firsts, COUNT(*) AS n FROM delivery"
+        " GROUP BY message_id")}
+    assert set(deliveries) == set(ids) and len(killed) == 3
+    assert {firsts for firsts, _ in deliveries.values()} == {1}
+    least = {j: 1 + (j in first) + killed.count(j) for j in ids}
+    assert all(deliveries[j][1] >= least[j] for j in ids), (killed, first, deliveries)
+    assert fetch("SELECT status, COUNT(*) AS n FROM outbox_event GROUP BY status") == [
+        {"status": "published", "n": EVENTS}]
