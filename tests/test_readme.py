@@ -78,3 +78,26 @@ def test_the_relay_snippet_runs_as_written(db_url, fetch, tmp_path, rds, queue):
         job = rds.hgetall(f"bull:{queue}:outbox-job.created%3A{n}")
         assert job["name"] == "job.created" and json.loads(job["data"]) == {"job_id": n}, job
     assert rds.llen(f"bull:{queue}:wait") == 2
+
+
+def _inbox_block() -> str:
+    [block] = [b for b in _python_blocks() if 'Inbox(db, "billing")' in b]
+    return block
+
+
+def test_the_inbox_snippet_runs_as_written(db_url, fetch, tmp_path):
+    """Run twice: the second run's first delivery is a redelivery too, and writes nothing."""
+    block = _inbox_block()
+    assert block.count(CONNECT) == 1
+    ours = (f"peewee.MySQLDatabase({db_url.name!r}, host={db_url.host!r}, port={db_url.port},"
+            f" user={db_url.user!r}, password={db_url.password!r}, charset=\"utf8mb4\")")
+    script = tmp_path / "readme_inbox.py"
+    script.write_text(block.replace(CONNECT, ours), encoding="utf-8")
+    for expected in ("True\nFalse\n", "False\nFalse\n"):
+        result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout == expected
+    assert fetch("SELECT order_id FROM payment") == [{"order_id": 42}]
+    assert fetch("SELECT consumer, message_id FROM inbox_message") == [
+        {"consumer": "billing", "message_id": "outbox-order.paid%3A42"}]
