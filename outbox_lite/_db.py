@@ -3,14 +3,17 @@ the one rule for a connection that broke (:func:`lost_connection`, :func:`reconn
 :func:`execute`, which runs one statement of the repository or the inbox under those rules.
 
 A URL's password is never shown: errors about a URL quote none of its text, and ``str()``
-masks the password (and ``ssl_key_password``).
+masks the password (and ``ssl_key_password``). :func:`tls_failure` says in one line why a
+connection's TLS failed (a certificate the client would not trust, a server without TLS).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import re
+import ssl
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 from urllib.parse import quote, unquote
@@ -95,6 +98,7 @@ OPTIONS: dict[str, Callable[[str, str], Any]] = {
     "write_timeout": _seconds,
 }
 _SECRET_OPTIONS = frozenset({"ssl_key_password"})
+_FILE_OPTIONS = ("ssl_ca", "ssl_cert", "ssl_key")
 
 
 def _decode(part: str, what: str) -> str:
@@ -122,6 +126,15 @@ def _options(query: str) -> tuple[tuple[str, Any], ...]:
         if not has_value:
             raise DatabaseUrlError(f"URL parameter {name} needs a value ({name}=...)")
         options[name] = OPTIONS[name](name, _decode(raw_value, f"value of {name}"))
+    if options.get("ssl_verify_identity") and options.get("ssl_verify_cert") is False:
+        raise DatabaseUrlError("URL parameter ssl_verify_identity=true checks the certificate:"
+                               " it cannot go with ssl_verify_cert=false")
+    if options.get("ssl_verify_identity") and "ssl_ca" not in options:
+        # PyMySQL turns the host name check off when no CA file is given (check_hostname =
+        # not hasnoca and ...): the asked-for check would silently not happen.
+        raise DatabaseUrlError("URL parameter ssl_verify_identity=true needs ssl_ca (PyMySQL "
+                               "checks the host name only against a CA file it is given; the "
+                               "system's CAs: ssl_ca=/etc/ssl/certs/ca-certificates.crt)")
     return tuple(sorted(options.items()))
 
 
@@ -211,10 +224,22 @@ class DatabaseUrl:
                          for k, v in self.options)
         return f"mysql://{auth}@{host}:{self.port}/{self.name}" + (f"?{query}" if query else "")
 
+    def unreadable_files(self) -> list[str]:
+        """The options among ``ssl_ca``, ``ssl_cert``, ``ssl_key`` whose file this process
+        cannot read (PyMySQL's own error names neither the option nor the file)."""
+        options = dict(self.options)
+        return [name for name in _FILE_OPTIONS
+                if name in options and not os.access(options[name], os.R_OK)]
+
     def _params(self) -> dict[str, Any]:
+        options = dict(self.options)
+        if options.get("ssl_verify_identity"):
+            # The name is checked on a verified certificate only (MySQL's VERIFY_IDENTITY
+            # includes VERIFY_CA): PyMySQL 1.2 implies it, 1.1 raises ValueError without it.
+            options["ssl_verify_cert"] = True
         return {"host": self.host, "port": self.port, "user": self.user,
                 "password": self.password, "charset": "utf8mb4", "connect_timeout": 5,
-                **dict(self.options)}
+                **options}
 
     def database(self, database_class: type[pw.MySQLDatabase] = MySQLDatabase,
                  **kwargs: Any) -> pw.MySQLDatabase:
@@ -227,11 +252,21 @@ class DatabaseUrl:
         return pymysql.connect(autocommit=True, **self._params())
 
     def exists(self) -> bool:
-        """Whether the database exists on the server."""
+        """Whether the database exists on the server. A database the user has no privilege
+        on is hidden from it, whether it exists or not: then the server's access-denied error
+        (1044) is raised rather than a False that may be untrue."""
         conn = self.server_connection()
         try:
             with conn.cursor() as cur:
-                return self._exists(cur)
+                if self._exists(cur):
+                    return True
+                try:  # 1049 only for a user who may know; 1044 for one who may not
+                    cur.execute(f"USE `{self.name}`")
+                except pymysql.MySQLError as exc:
+                    if driver_errno(exc) == 1049:  # ER_BAD_DB_ERROR
+                        return False
+                    raise
+                return True
         finally:
             conn.close()
 
@@ -325,6 +360,9 @@ def lost_connection(database: pw.Database, exc: Exception) -> ConnectionLostErro
             "autoconnect=False: call database.connect() (or outbox_lite.reconnect(database))"
             " before using the outbox")
     if errno in _UNREACHABLE:
+        tls = tls_failure(exc)
+        if tls is not None:  # no later try helps: the URL's ssl_ options must change
+            return ConnectionLostError(f"cannot open a connection to the server: {tls}")
         return ConnectionLostError(f"cannot reach the server ({exc}); try again later")
     if not (errno in _LOST or isinstance(exc, pw.InterfaceError)):
         return None
@@ -342,6 +380,36 @@ def lost_connection(database: pw.Database, exc: Exception) -> ConnectionLostErro
         f"lost the connection to the server ({exc}); the database was made with "
         "autoconnect=False: call database.connect() (or outbox_lite.reconnect(database)) "
         "before the next call")
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and what it wraps: Peewee's ``orig``, then ``__cause__`` or ``__context__``."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        orig = getattr(exc, "orig", None)
+        exc = orig if isinstance(orig, BaseException) else (exc.__cause__ or exc.__context__)
+    return chain
+
+
+def tls_failure(exc: BaseException) -> str | None:
+    """Why TLS failed, when ``exc`` (or what it wraps) says it did, in one line with no
+    secret: the certificate check's own words (``certificate verify failed: self-signed
+    certificate in certificate chain``), the handshake's, or that the server offers no TLS
+    although the URL asks for it (2026). None for any other failure."""
+    for cause in _chain(exc):
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            why = str(cause.verify_message).rstrip(".")
+            hint = ("ssl_verify_identity needs a certificate issued for the URL's host"
+                    if "mismatch" in why else
+                    "ssl_ca must name the CA file that signed the server's certificate")
+            return f"certificate verify failed: {why} ({hint})"
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS failed: {cause.reason or cause.strerror or type(cause).__name__}"
+        if driver_errno(cause) == 2026:  # CR_SSL_CONNECTION_ERROR
+            return ("the server offers no TLS, and the URL asks for it (ssl_ca, ssl_cert, "
+                    "ssl_key, ssl_verify_cert or ssl_verify_identity)")
+    return None
 
 
 def reconnect(database: pw.Database) -> bool:

@@ -39,20 +39,35 @@ INSERT = (
     f" VALUES (%s, %s, %s, %s, %s, '{PENDING}', 0, %s, %s, %s)"
 )
 
+#: Whether a dedupe_key is taken, by a consistent read that locks nothing. Asked before the
+#: INSERT: on MySQL, under REPEATABLE READ, an INSERT refused by the unique key leaves a gap
+#: lock before the primary key's end (handed on from the row it undid) until the caller's
+#: transaction ends, and that holds up every other writer's INSERT of an event. (MariaDB
+#: does so only when the INSERT first waited for a transaction that then committed the key,
+#: a race no read can see coming.)
+DEDUPE_KEY_TAKEN = (
+    "SELECT id FROM outbox_event FORCE INDEX (uq_outbox_event_dedupe_key) WHERE dedupe_key = %s")
+
 # -- claiming ---------------------------------------------------------------------------
 
 DISPATCHABLE = f"status = '{PENDING}' AND available_at <= %s"
 FIND_DISPATCHABLE = f"{SELECT}{BY_STATUS} WHERE {DISPATCHABLE} ORDER BY available_at, id LIMIT %s"
-#: The candidates' source: the outer columns stay unqualified, the head test names ``e``.
-CANDIDATES = "outbox_event AS e FORCE INDEX (ix_outbox_event_status_available_at)"
-#: The head of its aggregate: the event is its aggregate's oldest unpublished (pending,
-#: processing or failed) event. The aggregate index is (aggregate_type, aggregate_id,
-#: published_at) since migration 002; ``published_at`` is NULL exactly while an event is
-#: unpublished, and NULLs sort first, so this reads one index entry per candidate.
-HEAD = (
-    "e.id = (SELECT o.id FROM outbox_event AS o FORCE INDEX (ix_outbox_event_aggregate)"
-    " WHERE o.aggregate_type = e.aggregate_type AND o.aggregate_id = e.aggregate_id"
-    " AND o.published_at IS NULL ORDER BY o.id LIMIT 1)"
+#: The heads of the aggregates that have dispatchable events, for ordered claims: the first
+#: ``%s`` distinct aggregates among the dispatchable events in (available_at, id) order (a
+#: DISTINCT with a LIMIT stops reading once it has that many), then each aggregate's head, its
+#: oldest unpublished (pending, processing or failed) event. The aggregate index is
+#: (aggregate_type, aggregate_id, published_at) since migration 002: ``published_at`` is NULL
+#: exactly while an event is unpublished, so the head is the aggregate's first entry there,
+#: one index read. The ORDER BY names the index's leading columns: written as ``ORDER BY o.id``
+#: alone, MySQL sorts every unpublished entry of the aggregate instead (MariaDB reads one).
+#: One read per aggregate, not per event: a backlog of one hot aggregate costs one head read
+#: (MariaDB caches a per-event subquery's result; MySQL has no such cache).
+HEADS = (
+    "SELECT (SELECT o.id FROM outbox_event AS o FORCE INDEX (ix_outbox_event_aggregate)"
+    " WHERE o.aggregate_type = g.aggregate_type AND o.aggregate_id = g.aggregate_id"
+    " AND o.published_at IS NULL ORDER BY o.aggregate_type, o.aggregate_id, o.id LIMIT 1)"
+    f" FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM {BY_STATUS}"
+    f" WHERE {DISPATCHABLE} LIMIT %s) AS g"
 )
 LOCK_CANDIDATES = (
     f"{SELECT}{BY_PK} WHERE id IN ({{ids}}) AND {DISPATCHABLE} LIMIT %s FOR UPDATE SKIP LOCKED"

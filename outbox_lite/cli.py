@@ -24,7 +24,7 @@ import peewee as pw
 import pymysql
 
 from . import __version__, _checks
-from ._db import DEFAULT_URL, DatabaseExistsError, DatabaseUrl, DatabaseUrlError
+from ._db import DEFAULT_URL, DatabaseExistsError, DatabaseUrl, DatabaseUrlError, tls_failure
 from .errors import OutboxError, driver_errno
 from .models import HISTORY_TABLE, MAX_ERROR_CODE_LENGTH, OutboxStatus
 from .payload import redact
@@ -47,9 +47,9 @@ _DENIED_RE = re.compile(r"(\w+) command denied to user '([^']*)'@'[^']*' for tab
                         r"[`']?(?:[^`'.]*[`']?\.[`']?)?([^`'.]+)[`']?")
 _GRANTS = "see 'Schema, migrations and grants' in the README"
 _PRIVILEGE_HINTS = {
-    "migrate": "migrate needs SELECT on {history} to see that nothing is pending, and "
-               "CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the database "
-               "to apply migrations; " + _GRANTS,
+    "migrate": "migrate needs SELECT on {history} to see what is applied, and CREATE, "
+               "ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the database to apply "
+               "or roll back migrations; " + _GRANTS,
 }
 
 
@@ -71,6 +71,13 @@ def _describe(exc: BaseException, url: DatabaseUrl | None, command: str) -> str:
             what, user, table = denied.groups()
             hint = _PRIVILEGE_HINTS.get(command, _GRANTS).format(history=HISTORY_TABLE)
             return f"user {user} lacks the {what} privilege on table {table}: {hint}"
+    unreadable = url.unreadable_files() if isinstance(exc, OSError) and url else []
+    if unreadable:
+        return (f"URL parameter {unreadable[0]} names a file that does not exist or cannot "
+                "be read")
+    tls = tls_failure(exc)  # before 2003: "cannot reach" would hide why
+    if url is not None and tls is not None:
+        return f"TLS with the MySQL server at {url.host}:{url.port} failed: {tls}"
     if url is not None and errno in _SERVER_ERRORS:
         return _SERVER_ERRORS[errno].format(url=url)
     orig = getattr(exc, "orig", exc)
@@ -330,20 +337,74 @@ def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
     return EXIT_OK
 
 
-def _publisher(args: argparse.Namespace) -> Any:
-    """The publisher the flags name: BullMQ's, or the one MODULE:FACTORY returns."""
-    bullmq_url = args.bullmq_url or os.environ.get("OUTBOX_BULLMQ_URL")
-    if args.publisher:
-        if args.queue:
-            raise UsageError("--queue goes with --bullmq-url, not with --publisher")
-        return _publisher_from_factory(args.publisher)
-    if not bullmq_url or not args.queue:
-        raise UsageError("name a broker: --bullmq-url REDIS_URL (or $OUTBOX_BULLMQ_URL) with"
-                         " --queue NAME, or --publisher MODULE:FACTORY")
+class _Broker(NamedTuple):
+    """A shipped publisher as the relay's flags name it."""
+
+    url_flag: str  # --bullmq-url
+    url_env: str  # $OUTBOX_BULLMQ_URL
+    target_flags: tuple[str, ...]  # required first, then optional: ("--queue",)
+    make: Callable[[str, argparse.Namespace], Any]  # (url, args) -> publisher
+
+
+def _bullmq(url: str, args: argparse.Namespace) -> Any:
     from .publishers.bullmq import BullMQPublisher
-    publisher = BullMQPublisher(bullmq_url, args.queue)
+    return BullMQPublisher(url, args.queue)
+
+
+def _rabbitmq(url: str, args: argparse.Namespace) -> Any:
+    from .publishers.rabbitmq import RabbitMQPublisher
+    return RabbitMQPublisher(url, args.exchange, routing_key=args.routing_key)
+
+
+def _nats(url: str, args: argparse.Namespace) -> Any:
+    from .publishers.nats import NATSPublisher
+    return NATSPublisher(url, args.subject_prefix)
+
+
+_BROKERS = {
+    "BullMQ": _Broker("--bullmq-url", "OUTBOX_BULLMQ_URL", ("--queue",), _bullmq),
+    "RabbitMQ": _Broker("--rabbitmq-url", "OUTBOX_RABBITMQ_URL",
+                        ("--exchange", "--routing-key"), _rabbitmq),
+    "NATS": _Broker("--nats-url", "OUTBOX_NATS_URL", ("--subject-prefix",), _nats),
+}
+_NAME_A_BROKER = ("name a broker: --bullmq-url REDIS_URL --queue NAME, --rabbitmq-url URL "
+                  "--exchange NAME [--routing-key KEY], --nats-url URL --subject-prefix "
+                  "PREFIX (each URL also from $OUTBOX_BULLMQ_URL, $OUTBOX_RABBITMQ_URL, "
+                  "$OUTBOX_NATS_URL), or --publisher MODULE:FACTORY")
+
+
+def _flag_value(args: argparse.Namespace, flag: str) -> Any:
+    return getattr(args, flag.lstrip("-").replace("-", "_"))
+
+
+def _publisher(args: argparse.Namespace) -> Any:
+    """The publisher the flags name: one shipped broker's, or the one MODULE:FACTORY returns.
+    A broker is chosen by its flags on the command line; its URL flag may come from its
+    variable. The publisher is pinged before anything is claimed: an unreachable broker, a
+    wrong password, a missing exchange or stream is one line, now."""
+    given = {name: [f for f in (b.url_flag, *b.target_flags) if _flag_value(args, f)]
+             for name, b in _BROKERS.items()}
+    chosen = [name for name, flags in given.items() if flags]
+    if args.publisher:
+        if chosen:
+            flag = given[chosen[0]][0]
+            raise UsageError(f"{flag} goes with {_BROKERS[chosen[0]].url_flag}, not with"
+                             " --publisher")
+        return _publisher_from_factory(args.publisher)
+    if len(chosen) > 1:
+        raise UsageError(f"choose one broker, not {' and '.join(chosen)} "
+                         f"({', '.join(f for name in chosen for f in given[name])})")
+    if not chosen:
+        raise UsageError(_NAME_A_BROKER)
+    broker = _BROKERS[chosen[0]]
+    url = _flag_value(args, broker.url_flag) or os.environ.get(broker.url_env)
+    target = broker.target_flags[0]
+    if not url or not _flag_value(args, target):
+        missing = target if url else f"{broker.url_flag} (or ${broker.url_env})"
+        raise UsageError(f"{_NAME_A_BROKER}; {chosen[0]} also needs {missing}")
+    publisher = broker.make(url, args)
     try:
-        publisher.ping()  # an unreachable Redis or a wrong password: one line, now
+        publisher.ping()
     except BaseException:
         publisher.close()
         raise
@@ -357,6 +418,10 @@ def _publisher_from_factory(spec: str) -> Any:
     if not module_name or not attribute:
         raise UsageError(
             f"--publisher {spec!r} must be MODULE:FACTORY, e.g. myapp.outbox:publisher")
+    if not any(os.path.abspath(entry or os.curdir) == os.getcwd() for entry in sys.path):
+        # As `python -m` does: a module beside the user is found (the console script's own
+        # sys.path starts at its bin folder instead).
+        sys.path.insert(0, os.getcwd())
     try:
         factory: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
@@ -604,7 +669,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_purge)
 
     p = commands.add_parser(
-        "relay", help="publish events to BullMQ (or any publisher) until stopped",
+        "relay", help="publish events to BullMQ, RabbitMQ, NATS JetStream (or any publisher)"
+                      " until stopped",
         description="Runs the worker loop: release expired claims, claim a batch, publish it "
                     "outside any transaction (renewing the claims while a publish runs long), "
                     "record the outcomes. SIGTERM or SIGINT stop it once the batch in hand "
@@ -616,9 +682,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: $OUTBOX_BULLMQ_URL, which keeps a password out of ps); "
                         "needs outbox-lite[bullmq] and --queue")
     p.add_argument("--queue", metavar="NAME", help="the BullMQ queue to add jobs to")
+    p.add_argument("--rabbitmq-url", metavar="URL",
+                   help="publish to RabbitMQ with publisher confirms, amqp://user:password@"
+                        "host:port/vhost (default: $OUTBOX_RABBITMQ_URL); needs "
+                        "outbox-lite[rabbitmq] and --exchange")
+    p.add_argument("--exchange", metavar="NAME",
+                   help="the RabbitMQ exchange to publish to (it must exist)")
+    p.add_argument("--routing-key", metavar="KEY",
+                   help="the routing key of every message (default: the event's event_type)")
+    p.add_argument("--nats-url", metavar="URL",
+                   help="publish to NATS JetStream, nats://[user:password@]host:port, several "
+                        "separated by commas (default: $OUTBOX_NATS_URL); needs "
+                        "outbox-lite[nats] and --subject-prefix")
+    p.add_argument("--subject-prefix", metavar="PREFIX",
+                   help="publish each event to PREFIX.<event_type> (a JetStream stream must "
+                        "capture PREFIX.>)")
     p.add_argument("--publisher", metavar="MODULE:FACTORY",
-                   help="instead of BullMQ: publish with what this callable returns (an "
-                        "object with publish(events) and close())")
+                   help="instead of a shipped broker: publish with what this callable returns"
+                        " (an object with publish(events) and close()); MODULE is found in "
+                        "the current directory too, as with python -m")
     p.add_argument("--batch-size", type=_positive, default=100,
                    help="events per claim and per publish (default: 100)")
     p.add_argument("--lock-timeout", type=_seconds, default=300.0, metavar="SECONDS",
@@ -661,7 +743,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
-        logging.getLogger("peewee_migrate").setLevel(logging.CRITICAL)
+        # Their own lines would repeat what our one line says (aiormq: "error when creating
+        # transport" before the publisher reports the broker unreachable).
+        for name in ("peewee_migrate", "aiormq", "nats"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     url: DatabaseUrl | None = None
     handler: Callable[[argparse.Namespace, DatabaseUrl], int] = args.handler
     try:

@@ -3,7 +3,9 @@
 The history lives in its own table, ``outbox_lite_migrations``, through a history model made
 per run, so a host service that uses peewee-migrate too never reads or writes ours. The table
 is created only when a migration is applied, and only when it is missing: a user with nothing
-but SELECT on it can check that the schema is up to date.
+but SELECT on it can check that the schema is up to date. A user who may not read it gets the
+server's refusal (1142, raised), never an empty history: the server hides a table from a user
+without privileges on it, so "not there" and "not yours to see" look alike until asked.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import peewee as pw
 from peewee_migrate import Router
 from peewee_migrate.models import MigrateHistory
 
+from .errors import driver_errno
 from .models import HISTORY_TABLE
 
 __all__ = ["HISTORY_TABLE", "applied", "migrate", "migrations_dir", "rollback"]
@@ -69,7 +72,17 @@ class _Router(Router):
 
 
 def _has_history(database: Any) -> bool:
-    return bool(database.table_exists(HISTORY_TABLE))
+    """Whether the history table exists; raises the server's 1142 when the user may not read
+    it (information_schema lists only the tables a user holds a privilege on)."""
+    if database.table_exists(HISTORY_TABLE):
+        return True
+    try:
+        database.execute_sql(f"SELECT 1 FROM `{HISTORY_TABLE}` LIMIT 0")
+    except (pw.ProgrammingError, pw.OperationalError) as exc:
+        if driver_errno(exc) == 1146:  # ER_NO_SUCH_TABLE: told only to a user who may know
+            return False
+        raise
+    return True
 
 
 def _router(database: pw.Database) -> Router:
@@ -81,14 +94,16 @@ def migrate(database: pw.Database) -> list[str]:
     """Apply pending migrations to ``database``; returns their names ([] when up to date).
 
     When nothing is pending it only reads the history table, so a user with SELECT on it
-    (and no DDL rights) gets [] rather than an error.
+    (and no DDL rights) gets [] rather than an error. A user who may not read the history
+    gets the server's error (1142), as for any privilege a migration lacks.
     """
     return _router(database).run()
 
 
 def rollback(database: pw.Database) -> str | None:
     """Undo the last applied migration; returns its name, or None when none is applied (a
-    database never migrated is left exactly as it is)."""
+    database never migrated is left exactly as it is). Raises the server's error (1142) when
+    the user may not read the history: it cannot know that nothing is applied."""
     router = _router(database)
     done = router.done
     if not done:
@@ -98,5 +113,6 @@ def rollback(database: pw.Database) -> str | None:
 
 
 def applied(database: pw.Database) -> list[str]:
-    """Names of the migrations applied to ``database``, oldest first."""
+    """Names of the migrations applied to ``database``, oldest first; raises the server's
+    error (1142) when the user may not read the history."""
     return _router(database).done

@@ -65,7 +65,8 @@ class UTCDateTimeField(pw.Field):
 class JSONTextField(pw.Field):
     """A ``JSON`` column written as plain text, so MySQL 8 and MariaDB both accept it.
 
-    Peewee's own JSONField writes ``CAST(%s AS JSON)``, which MariaDB refuses.
+    Peewee's own JSONField writes ``CAST(%s AS JSON)``, which MariaDB refuses. What reads back
+    is an equal JSON value; its text is the server's (see ``_server.Server.keeps_json_text``).
     """
 
     field_type = "JSON"

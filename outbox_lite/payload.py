@@ -21,6 +21,14 @@ from .errors import CredentialInPayloadError, PayloadError
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 #: MariaDB's JSON_VALID refuses documents nested 32 levels deep or more (MySQL allows 100).
 MAX_DEPTH = 31
+#: The integers MySQL's JSON type keeps as integers (int64 and uint64); beyond them it stores a
+#: float (18446744073709551617 reads back as 1.8446744073709552e+19). Refused on both servers,
+#: so that what one accepts the other keeps too.
+MIN_INTEGER = -(2**63)
+MAX_INTEGER = 2**64 - 1
+#: A run of digits that may spell an integer beyond those (20 digits, or 19 after a minus): only
+#: then does a payload on the fast path need its numbers looked at.
+_LONG_DIGITS = re.compile(r"\d{20}|-\d{19}")
 _MASK = "***"
 #: Stands in the error's JSON path for an object key that is itself a credential.
 _REDACTED_KEY = "[<redacted key>]"
@@ -553,6 +561,10 @@ def _check(value: Any, trail: list[str | int], level: int,
         if isinstance(value, float) and not math.isfinite(value):
             raise PayloadError("payload has a non-finite number (NaN or Infinity) at "
                                + _format_path(trail))
+        if isinstance(value, int) and not MIN_INTEGER <= value <= MAX_INTEGER:
+            raise PayloadError(
+                f"payload has an integer at {_format_path(trail)} beyond 64 bits (from -2**63"
+                " to 2**64-1), which MySQL stores as an inexact float: send it as a string")
         if level & _NUMBERS:
             raise CredentialInPayloadError(_format_path(trail), "sensitive key")
     else:
@@ -587,8 +599,9 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
                    allowed_keys: Collection[str] = ()) -> str:
     """Return ``payload`` as compact JSON text, or raise a PayloadError.
 
-    The payload must be a dict or a list of JSON values (str keys; no NaN/Infinity), at most
-    :data:`MAX_DEPTH` levels deep and ``max_bytes`` of UTF-8 JSON, and carry no credential:
+    The payload must be a dict or a list of JSON values (str keys; no NaN/Infinity; integers
+    from -2**63 to 2**64-1), at most :data:`MAX_DEPTH` levels deep and ``max_bytes`` of UTF-8
+    JSON, and carry no credential:
     :class:`CredentialInPayloadError` names the first one's JSON path (with a key that is
     itself a credential masked). ``allowed_keys`` are key names the caller knows are safe
     (compared without case, ``_`` or ``-``).
@@ -608,7 +621,7 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     # any doubt takes the exact walk, which also names the path.
     scan = "\\" in text or _json_may_hold_credential(text.lower())
     shallow = text.count("{") + text.count("[") <= MAX_DEPTH
-    if scan or not shallow or not _plain_keys(payload):
+    if scan or not shallow or _LONG_DIGITS.search(text) or not _plain_keys(payload):
         _check(payload, [], 0, allowed, scan)
     try:
         size = len(text) if text.isascii() else len(text.encode("utf-8"))

@@ -190,12 +190,16 @@ class OutboxRepository:
         PayloadError) for bad input, both before any SQL, and DuplicateEventError when
         ``dedupe_key`` exists (the caller's transaction stays usable). Like Peewee's
         ``Model.create``, the returned event holds ``payload`` as given; the row holds its
-        JSON text (where a tuple reads back as a list).
+        JSON, which reads back as an equal value (a tuple as a list) on both servers: MariaDB
+        keeps the text as written, MySQL keeps the value in text of its own (keys sorted, its
+        own spacing). Integers beyond 64 bits, which MySQL would turn into floats, are
+        refused on both (PayloadError).
         """
         self._require_transaction("create_in_transaction")
         event_type = _checks.name("event_type", event_type)
         aggregate_type = _checks.name("aggregate_type", aggregate_type)
         aggregate_id = _checks.name("aggregate_id", aggregate_id)
+        given_key = dedupe_key is not None
         if dedupe_key is None:
             dedupe_key = os.urandom(16).hex()  # 128 random bits; uuid4() costs 4x more
         else:
@@ -205,6 +209,8 @@ class OutboxRepository:
         now = self._now()
         available = now if available_at is None else _checks.instant("available_at", available_at)
         params = (event_type, aggregate_type, aggregate_id, dedupe_key, body, available, now, now)
+        if given_key and self._execute(sql.DEDUPE_KEY_TAKEN, (dedupe_key,)).fetchone():
+            raise DuplicateEventError(dedupe_key)  # committed before: found without a lock
         try:
             cursor = self._execute(sql.INSERT, params)
         except pw.IntegrityError as exc:
@@ -259,10 +265,11 @@ class OutboxRepository:
         limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
         ordered = _checks.flag("ordered", ordered)
         now = self._now()
-        where = f"{sql.DISPATCHABLE} AND {sql.HEAD}" if ordered else sql.DISPATCHABLE
-        source = sql.CANDIDATES if ordered else sql.BY_STATUS
+        wanted = limit * self.claim_window
+        pages = (self._heads(now, wanted) if ordered else
+                 self._pages(sql.BY_STATUS, sql.DISPATCHABLE, (now,), "available_at", wanted))
         claimed: list[Sequence[Any]] = []
-        for ids in self._pages(source, where, (now,), "available_at", limit * self.claim_window):
+        for ids in pages:
             claimed.extend(self._execute(_with_ids(sql.LOCK_CANDIDATES, ids),
                                          (*ids, now, limit - len(claimed))).fetchall())
             if len(claimed) >= limit:
@@ -309,6 +316,23 @@ class OutboxRepository:
             else:
                 yield ids
                 after = (self._key_of(key, ids[-1]), ids[-1])
+
+    def _heads(self, now: dt.datetime, size: int) -> Iterator[list[int]]:
+        """Ids of the heads of the aggregates with dispatchable events, in pages: those of
+        the first ``size`` such aggregates (oldest dispatchable event first), then, while the
+        caller wants more, of the first ``2 * size``, ``4 * size`` … less those given before.
+        A lock-free read; a head may be processing, failed or not yet available (the caller's
+        locking read keeps only dispatchable ones)."""
+        tried: set[int] = set()
+        while True:
+            rows = self._execute(sql.HEADS, (now, size)).fetchall()
+            heads = [head for (head,) in rows if head is not None and head not in tried]
+            if heads:
+                tried.update(heads)
+                yield heads
+            if len(rows) < size:
+                return
+            size *= 2
 
     def _key_of(self, key: str, event_id: int) -> Any:
         return self._execute(sql.KEY_OF.format(key=key), (event_id,)).fetchone()[0]

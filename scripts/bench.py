@@ -15,17 +15,26 @@ baseline (same SQL work, no ORM), and the median of the rounds' ratios library/r
   events (400 aggregates x 10), 4 processes, and the worst case (one hot aggregate);
 * ordered-latency: claim_batch(ordered=True) latency against the unordered claim's, each on a
   table of 200,000 published and 10,000 pending events over 2,000 aggregates;
+* ordered-hot: one aggregate of N pending events (--hot-sizes, default 2,000 and 8,000), 20
+  rounds of claim_batch(ordered=True) + publish: seconds for the 20 (the case that was
+  quadratic on MySQL);
 * relay, relay-latency: outbox-lite relay to BullMQ against Queue.addBulk alone and a raw
   twin, and the COMMIT-to-Redis latency (scripts/bench_relay.py, which runs them alone too).
 
-Usage: python scripts/bench.py [--database-url URL] [--rounds 9] [--json]
+Give --database-url twice (a MariaDB and a MySQL server, say) and each measure runs on one
+server, then on the other, before the next measure starts; a last table puts the servers
+side by side.
+
+Usage: python scripts/bench.py [--database-url URL ...] [--rounds 9] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import inspect
 import json
+import math
 import multiprocessing
 import os
 import queue
@@ -72,7 +81,7 @@ def _event_row(job_id: int, n: int, now: dt.datetime) -> tuple[Any, ...]:
 # The raw baseline: the library's protocol written directly against PyMySQL
 # ---------------------------------------------------------------------------
 
-CLAIM_WINDOW = OutboxRepository(pw.MySQLDatabase(None)).claim_window  # the library's default
+CLAIM_WINDOW = inspect.signature(OutboxRepository).parameters["claim_window"].default
 assert (CLAIM_WINDOW, COLUMNS) == (raw_outbox.CLAIM_WINDOW, raw_outbox.COLUMNS), \
     "scripts/raw_outbox.py no longer does the library's work"
 
@@ -258,6 +267,23 @@ class Bench:
             raise AssertionError(f"{impl.__name__} published {published} of {events}")
         return events / elapsed
 
+    def ordered_hot(self, pending: int, rounds: int = 20, limit: int = 100) -> float:
+        """Seconds for ``rounds`` rounds of claim_batch(ordered=True) + mark_published_many,
+        one connection, on one aggregate of ``pending`` pending events: each round claims the
+        aggregate's one head, past the whole backlog."""
+        self.reset()
+        self.seed(pending, aggregates=1)
+        self.sql("ANALYZE TABLE outbox_event")
+        client = Ordered(self.url, self.window)
+        started = time.perf_counter()
+        for _ in range(rounds):
+            claimed = client.claim("hot", limit)
+            assert len(claimed) == 1, len(claimed)
+            client.publish_many([event.id for event in claimed], "hot")
+        elapsed = time.perf_counter() - started
+        client.close()
+        return elapsed
+
     def write_throughput(self, block: int = 50) -> dict[type, float]:
         """Business row + event transactions per second for the library, the raw baseline
         and Peewee alone, one connection each. They take turns in blocks of ``block``
@@ -360,15 +386,17 @@ def _median_pair(rounds: int, first: Callable[[], float], second: Callable[[], f
             statistics.median(x / y for x, y in zip(a, b)))
 
 
-MEASURES = ("claim", "claim-many", "write", "latency", "ordered", "ordered-latency", "relay",
-            "relay-latency")
+MEASURES = ("claim", "claim-many", "write", "latency", "ordered", "ordered-latency",
+            "ordered-hot", "relay", "relay-latency")
+Row = tuple[str, float, float, float, str, "bool | None"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL",
-                        help="server to use; the bench runs in <database>_bench, created and "
-                             f"dropped (default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})")
+    parser.add_argument("--database-url", metavar="URL", action="append",
+                        help="server to use (repeatable: each measure runs on each in turn);"
+                             " the bench runs in <database>_bench, created and dropped"
+                             f" (default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})")
     parser.add_argument("--rounds", type=int, default=9, help="alternating rounds (default 9)")
     parser.add_argument("--events", type=int, default=4000,
                         help="events per claim-throughput round (default 4000)")
@@ -388,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="aggregates of 10 events for the ordered measure (default 400)")
     parser.add_argument("--hot-events", type=int, default=1000,
                         help="events of the one hot aggregate, ordered worst case (default 1000)")
+    parser.add_argument("--hot-sizes", type=int, nargs="+", default=[2000, 8000],
+                        help="pending events of the one aggregate, ordered-hot (default 2000"
+                             " 8000)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0",
                         help="Redis for the relay measures (default: redis://127.0.0.1:6379/0)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -396,8 +427,70 @@ def main(argv: list[str] | None = None) -> int:
                              f"{CLAIM_WINDOW})")
     args = parser.parse_args(argv)
 
-    base = DatabaseUrl.parse(args.database_url or os.environ.get("OUTBOX_DATABASE_URL")
-                             or DEFAULT_URL)
+    bases = [DatabaseUrl.parse(text) for text in args.database_url
+             or [os.environ.get("OUTBOX_DATABASE_URL") or DEFAULT_URL]]
+    servers = [_server_name(base) for base in bases]
+    results: dict[str, tuple[list[Row], dict[str, Any]]] = {name: ([], {}) for name in servers}
+    for measure in [m for m in MEASURES if m in set(args.only or MEASURES)]:
+        for base, name in zip(bases, servers):
+            rows, report = _run(base, args, measure)
+            results[name][0].extend(rows)
+            results[name][1].update(report)
+
+    if args.json:
+        print(json.dumps({name: [{"measure": m, "library_or_loaded": round(a, 3),
+                                  "raw_or_empty": None if math.isnan(b) else round(b, 3),
+                                  "ratio": None if math.isnan(r) else round(r, 3),
+                                  "target": t, "met": ok} for m, a, b, r, t, ok in rows]
+                          + ([{"measure": "relay", **report}] if report else [])
+                          for name, (rows, report) in results.items()}, indent=2))
+        return 0
+    for name, (rows, report) in results.items():
+        print(f"== {name}")
+        print(f"{'measure':<46} {'library':>10} {'raw':>10} {'ratio':>7}  target")
+        print(f"{'':<46} {'(loaded)':>10} {'(empty)':>10}")
+        for m, a, b, r, t, ok in rows:
+            verdict = "" if ok is None else "met" if ok else "MISSED"
+            print(f"{m:<46} {a:>10.2f} {_cell(b, 10, 2)} {_cell(r, 7, 3)}  {t} {verdict}")
+        if report:
+            import bench_relay
+
+            print(bench_relay.format_report(report))
+    print(f"medians of {args.rounds} alternating rounds (ratio: the median of the rounds'"
+          f" own ratios); latency: median of {args.rounds} x 40 claims on each table,"
+          " alternating one by one")
+    if len(results) > 1:
+        names = list(results)
+        print("== side by side: library (ratio to raw) on each server, and the second"
+              " server's library figure over the first's")
+        print(f"{'measure':<46} " + " ".join(f"{n:>22}" for n in names) + f" {'2nd/1st':>8}")
+        for index, (m, *_rest) in enumerate(results[names[0]][0]):
+            cells = [results[n][0][index] for n in names]
+            print(f"{m:<46} " + " ".join(f"{c[1]:>12.2f} ({_cell(c[3], 6, 3)})" for c in cells)
+                  + f" {cells[1][1] / cells[0][1]:>8.2f}")
+    return 0
+
+
+def _cell(value: float, width: int, digits: int) -> str:
+    return f"{'-':>{width}}" if math.isnan(value) else f"{value:>{width}.{digits}f}"
+
+
+def _server_name(base: DatabaseUrl) -> str:
+    from outbox_lite._server import server_of
+
+    conn = base.server_connection()
+    try:
+        with conn.cursor() as cur:
+            server = server_of(lambda sql: (cur.execute(sql), cur.fetchall())[1])
+            return f"{server} at {base.host}:{base.port}"
+    finally:
+        conn.close()
+
+
+def _run(base: DatabaseUrl, args: argparse.Namespace, measure: str,
+         ) -> tuple[list[Row], dict[str, Any]]:
+    """One measure on one server, in databases of its own made for it and dropped after."""
+    only = {measure}
     url = base.with_name(f"{base.name}_bench")
     loaded_url = base.with_name(f"{base.name}_bench_loaded")
     try:
@@ -412,8 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(url, events=args.events, writes=args.writes,
                       loaded_rows=args.loaded_rows, batch=args.batch, workers=args.workers,
                       window=args.claim_window, threads=args.threads)
-        only = set(args.only or MEASURES)
-        rows: list[tuple[str, float, float, float, str, bool | None]] = []
+        rows: list[Row] = []
         report: dict[str, Any] = {}
         if "claim" in only:
             lib, raw, ratio = _median_pair(args.rounds,
@@ -458,6 +550,11 @@ def main(argv: list[str] | None = None) -> int:
                                        aggregates=1) for _ in range(3))
             rows.append((f"  worst case: one aggregate of {args.hot_events} events", hot, raw,
                          hot / raw, "reference", None))
+        if "ordered-hot" in only:
+            for size in args.hot_sizes:
+                seconds = statistics.median(bench.ordered_hot(size) for _ in range(3))
+                rows.append((f"ordered claim+publish x20, one aggregate of {size}", seconds,
+                             math.nan, math.nan, "seconds, no raw side", None))
         if "ordered-latency" in only:
             ordered, unordered = ordered_claim_latency(
                 (url, loaded_url), args.rounds, args.batch, published=args.loaded_rows,
@@ -478,25 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         url.drop_database()
         loaded_url.drop_database()
 
-    if args.json:
-        print(json.dumps([{"measure": m, "library_or_loaded": round(a, 3),
-                           "raw_or_empty": round(b, 3), "ratio": round(r, 3), "target": t,
-                           "met": ok} for m, a, b, r, t, ok in rows]
-                         + ([{"measure": "relay", **report}] if report else []), indent=2))
-    else:
-        print(f"{'measure':<46} {'library':>10} {'raw':>10} {'ratio':>7}  target")
-        print(f"{'':<46} {'(loaded)':>10} {'(empty)':>10}")
-        for m, a, b, r, t, ok in rows:
-            verdict = "" if ok is None else "met" if ok else "MISSED"
-            print(f"{m:<46} {a:>10.2f} {b:>10.2f} {r:>7.3f}  {t} {verdict}")
-        print(f"medians of {args.rounds} alternating rounds (ratio: the median of the rounds'"
-              f" own ratios); latency: median of {args.rounds} x 40 claims on each table,"
-              " alternating one by one")
-        if report:
-            import bench_relay
-
-            print(bench_relay.format_report(report))
-    return 0
+    return rows, report
 
 
 if __name__ == "__main__":

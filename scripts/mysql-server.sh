@@ -14,6 +14,7 @@
 #   scripts/mysql-server.sh url [PORT]     print the test URL for it
 #
 # OUTBOX_MYSQL_ROOT (default /var/tmp/outbox-lite-mysql) holds the chroot, about 0.6 GB.
+# OUTBOX_MYSQL_OPTIONS adds mysqld options to a start (e.g. --skip-log-bin to compare).
 # Needs root (debootstrap, chroot) and Debian's package mirror.
 set -euo pipefail
 
@@ -102,7 +103,8 @@ start() {
     setsid chroot "$ROOT" /usr/sbin/mysqld --no-defaults --user=root --datadir="$dir" \
         --port="$port" --bind-address=127.0.0.1 --mysqlx=OFF \
         --socket="/run/mysqld/outbox-$port.sock" --pid-file="/run/mysqld/outbox-$port.pid.mysqld" \
-        --log-error="/var/log/outbox-mysql-$port.log" >/dev/null 2>&1 </dev/null &
+        --log-error="/var/log/outbox-mysql-$port.log" ${OUTBOX_MYSQL_OPTIONS:-} \
+        >/dev/null 2>&1 </dev/null &
     pid=$!
     echo "$pid" >"$(pidfile "$port")"
     for _ in $(seq 1 120); do

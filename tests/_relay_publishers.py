@@ -13,19 +13,19 @@ from typing import Any, Mapping, Sequence
 from outbox_lite.publishers.bullmq import BullMQPublisher
 
 
-class _HangingBullMQ(BullMQPublisher):
-    """Adds its batches to BullMQ like any relay, but after its Nth batch is in Redis it
-    writes its marker file and hangs before the relay can record anything: the test kills
-    the process there (SIGKILL), mid-batch."""
+class _Hanging:
+    """Publishes its batches like any relay's publisher (BullMQ's, RabbitMQ's, NATS's), but
+    after its Nth batch reached the broker it writes its marker file and hangs before the relay
+    can record anything: the test kills the process there (SIGKILL), mid-batch."""
 
-    def __init__(self, hang_after: int, marker: Path, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.hang_after = hang_after
-        self.marker = marker
+    def __init__(self, publisher: Any) -> None:
+        self.publisher = publisher
+        self.hang_after = int(os.environ["OUTBOX_TEST_HANG_AFTER"])
+        self.marker = Path(os.environ["OUTBOX_TEST_MARKER"])
         self.batches = 0
 
     def publish(self, events: Sequence[Any]) -> Mapping[int, BaseException]:
-        failures = super().publish(events)
+        failures = self.publisher.publish(events)
         self.batches += 1
         if self.batches == self.hang_after:
             self.marker.write_text(",".join(str(e.id) for e in events))
@@ -33,12 +33,28 @@ class _HangingBullMQ(BullMQPublisher):
                 signal.pause()  # until the SIGKILL
         return failures
 
+    def ping(self) -> None:
+        self.publisher.ping()
 
-def hanging_bullmq() -> _HangingBullMQ:
-    return _HangingBullMQ(int(os.environ["OUTBOX_TEST_HANG_AFTER"]),
-                          Path(os.environ["OUTBOX_TEST_MARKER"]),
-                          redis_url=os.environ["OUTBOX_TEST_REDIS_URL"],
-                          queue=os.environ["OUTBOX_TEST_QUEUE"])
+    def close(self) -> None:
+        self.publisher.close()
+
+
+def hanging_bullmq() -> _Hanging:
+    return _Hanging(BullMQPublisher(os.environ["OUTBOX_TEST_REDIS_URL"],
+                                    os.environ["OUTBOX_TEST_QUEUE"]))
+
+
+def hanging_rabbitmq() -> _Hanging:
+    from outbox_lite.publishers.rabbitmq import RabbitMQPublisher
+    return _Hanging(RabbitMQPublisher(os.environ["OUTBOX_TEST_RABBITMQ_URL"],
+                                      os.environ["OUTBOX_TEST_EXCHANGE"]))
+
+
+def hanging_nats() -> _Hanging:
+    from outbox_lite.publishers.nats import NATSPublisher
+    return _Hanging(NATSPublisher(os.environ["OUTBOX_TEST_NATS_URL"],
+                                  os.environ["OUTBOX_TEST_SUBJECT_PREFIX"]))
 
 
 class _Gated:

@@ -23,7 +23,9 @@ from outbox_lite import Backoff, OutboxRepository
 from outbox_lite import migrate as schema
 from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
 from outbox_lite._db import DatabaseUrl
+from outbox_lite._server import Server, server_of
 
+from _brokers import Exchange, NATSServer, RabbitMQNode, Stream, new_exchange, new_stream
 from _redis import SHARED_REDIS, RedisServer, delete_queue
 
 TEST_URL = DatabaseUrl.parse(
@@ -37,6 +39,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         TEST_URL.server_connection().close()
     except pymysql.MySQLError as exc:
         pytest.exit(f"the test server {TEST_URL} is unreachable: {exc}", returncode=3)
+
+
+@pytest.fixture(scope="session")
+def server() -> Server:
+    """The test server, as ``SELECT VERSION()`` describes it: a test that must know whether it
+    talks to MariaDB or MySQL asks this (and outbox_lite._server says what differs)."""
+    conn = TEST_URL.server_connection()
+    try:
+        with conn.cursor() as cur:
+            return server_of(lambda sql: (cur.execute(sql), cur.fetchall())[1])
+    finally:
+        conn.close()
 
 
 class FakeClock:
@@ -171,11 +185,12 @@ def new_event(repo: OutboxRepository, n: int = 0, **overrides: Any) -> Any:
 
 
 def seed(repo: OutboxRepository, count: int, **overrides: Any) -> list[int]:
-    """Create ``count`` events in one transaction; returns their ids."""
+    """Create ``count`` events in one transaction (the n-th of aggregate ``ai_job:n`` unless
+    ``overrides`` say otherwise); returns their ids."""
     with repo.database.atomic():
-        return [repo.create_in_transaction(event_type="job.created", aggregate_type="ai_job",
-                                           aggregate_id=str(n), payload={"n": n},
-                                           **overrides).id
+        return [repo.create_in_transaction(**{
+                    "event_type": "job.created", "aggregate_type": "ai_job",
+                    "aggregate_id": str(n), "payload": {"n": n}, **overrides}).id
                 for n in range(count)]
 
 
@@ -256,3 +271,68 @@ def redis_server() -> Iterator[Callable[..., RedisServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+# ---------------------------------------------------------------------------
+# RabbitMQ and NATS (see _brokers.py): targets of a test's own on the shared servers, and
+# servers of a test's own, always stopped afterwards
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def exchange() -> Iterator[Exchange]:
+    """A topic exchange of this test's own on the shared RabbitMQ, one durable queue bound
+    to it for every routing key; both deleted afterwards."""
+    target = new_exchange()
+    try:
+        yield target
+    finally:
+        target.delete()
+
+
+@pytest.fixture
+def stream() -> Iterator[Stream]:
+    """A JetStream stream of this test's own on the shared NATS, capturing its ``prefix.>``;
+    deleted afterwards."""
+    target = new_stream()
+    try:
+        yield target
+    finally:
+        target.delete()
+
+
+@pytest.fixture
+def rabbitmq_node(tmp_path: Any) -> Iterator[Callable[[], RabbitMQNode]]:
+    nodes: list[RabbitMQNode] = []
+
+    def start() -> RabbitMQNode:
+        folder = tmp_path / f"rabbitmq-{len(nodes)}"
+        folder.mkdir()
+        node = RabbitMQNode(folder)
+        nodes.append(node)
+        node.start()
+        return node
+
+    try:
+        yield start
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Any) -> Iterator[Callable[..., NATSServer]]:
+    servers: list[NATSServer] = []
+
+    def start(*options: str) -> NATSServer:
+        folder = tmp_path / f"nats-{len(servers)}"
+        folder.mkdir()
+        server = NATSServer(folder, *options)
+        servers.append(server)
+        server.start()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop()

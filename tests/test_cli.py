@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from outbox_lite import migrate as schema
 from outbox_lite._db import DatabaseUrl, DatabaseUrlError
 from outbox_lite.cli import main
 
@@ -38,7 +39,8 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
     assert main(["migrate", "--database-url", raw]) == 0
     out = capsys.readouterr().out
     assert "created database" in out
-    assert "applied 001_create_outbox_event, 002_aggregate_index_published_at" in out
+    assert ("applied 001_create_outbox_event, 002_aggregate_index_published_at,"
+            " 003_status_index_covers_aggregate") in out
     assert main(["migrate", "--database-url", raw]) == 0
     assert "up to date" in capsys.readouterr().out
     conn = fresh_url.server_connection()
@@ -47,7 +49,9 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
                     " AND table_name = 'outbox_event'", (fresh_url.name,))
         assert cur.fetchone() == (1,)
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
-        assert "rolled back 003_create_inbox_message" in capsys.readouterr().out
+        assert "rolled back 004_create_inbox_message" in capsys.readouterr().out
+        assert main(["migrate", "--rollback", "--database-url", raw]) == 0
+        assert "rolled back 003_status_index_covers_aggregate" in capsys.readouterr().out
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
         assert "rolled back 002_aggregate_index_published_at" in capsys.readouterr().out
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
@@ -148,6 +152,15 @@ def test_url_options_are_pymysql_connection_arguments():
     assert url.with_name("other").options == url.options  # the contention suite keeps them
 
 
+def test_identity_verification_verifies_the_certificate_too():
+    # MySQL's VERIFY_IDENTITY includes VERIFY_CA; PyMySQL 1.2 implies it, 1.1 would raise
+    # ValueError ("Cannot set verify_mode to CERT_NONE when check_hostname is enabled").
+    url = DatabaseUrl.parse("mysql://app@db/app?ssl_ca=/ca.pem&ssl_verify_identity=true")
+    params = url.database().connect_params
+    assert params["ssl_verify_identity"] is True and params["ssl_verify_cert"] is True
+    assert dict(url.options) == {"ssl_ca": "/ca.pem", "ssl_verify_identity": True}
+
+
 @pytest.mark.parametrize("query,words", [
     ("ssl=true", "unknown URL parameter ssl; supported: ssl_ca"),
     ("sslmode=require", "unknown URL parameter sslmode"),
@@ -156,6 +169,9 @@ def test_url_options_are_pymysql_connection_arguments():
     ("ssl_verify_cert=maybe", "ssl_verify_cert must be true or false"),
     ("ssl_ca=a&ssl_ca=b", "ssl_ca is given twice"),
     ("ssl_key_password", "ssl_key_password needs a value"),
+    ("ssl_ca=/c.pem&ssl_verify_identity=true&ssl_verify_cert=false",
+     "cannot go with ssl_verify_cert=false"),
+    ("ssl_verify_identity=true", "ssl_verify_identity=true needs ssl_ca"),
 ])
 def test_unknown_or_bad_url_parameters_are_refused_in_one_line(query, words):
     result = _run("--database-url", f"mysql://root@127.0.0.1:1/outbox_x?{query}")
@@ -291,7 +307,7 @@ def test_a_rollback_that_works_prints_no_warning(fresh_url):
     assert _run("--database-url", raw).returncode == 0
     result = _run("--rollback", "--database-url", raw)
     assert result.returncode == 0
-    assert result.stdout.strip() == "rolled back 003_create_inbox_message"
+    assert result.stdout.strip() == "rolled back 004_create_inbox_message"
     assert result.stderr == ""
 
 
@@ -315,16 +331,24 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
         cur.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{fresh_url.name}`.outbox_event"
                     f" TO '{user}'@'127.0.0.1'")
     raw = f"mysql://{user}:{password}@{fresh_url.host}:{fresh_url.port}/{fresh_url.name}"
-    # It cannot read the history: one line naming the missing privilege, nothing created.
-    result = _run("--database-url", raw)
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines() == [
-        f"outbox-lite migrate: error: user {user} lacks the CREATE privilege on table "
-        "outbox_lite_migrations: migrate needs SELECT on outbox_lite_migrations to see that "
-        "nothing is pending, and CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE "
-        "on the database to apply migrations; see 'Schema, migrations and grants' in the "
-        "README"]
-    assert password not in result.stderr
+    # It cannot read the history (the server hides the table from it): one line naming the
+    # missing privilege, for applying and for rolling back alike, and nothing changed.
+    for args in ([], ["--rollback"]):
+        result = _run("--database-url", raw, *args)
+        assert result.returncode == 1, (args, result.stdout)
+        assert result.stdout == ""  # not "nothing to roll back", not "up to date"
+        assert result.stderr.strip().splitlines() == [
+            f"outbox-lite migrate: error: user {user} lacks the SELECT privilege on table "
+            "outbox_lite_migrations: migrate needs SELECT on outbox_lite_migrations to see what"
+            " is applied, and CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the"
+            " database to apply or roll back migrations; see 'Schema, migrations and grants' "
+            "in the README"], args
+        assert password not in result.stderr
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT name FROM `{fresh_url.name}`.outbox_lite_migrations"
+                        " ORDER BY id")
+            assert [row[0] for row in cur.fetchall()] == sorted(
+                path.stem for path in schema.migrations_dir().glob("[0-9]*.py"))
     # It can read the history and nothing is pending: up to date, nothing written.
     with conn.cursor() as cur:
         cur.execute(f"GRANT SELECT ON `{fresh_url.name}`.outbox_lite_migrations"
@@ -333,10 +357,21 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"{fresh_url.name} is up to date"
     assert result.stderr == ""
+    # It can read the history but not undo a migration: the DDL it lacks, in one line.
+    result = _run("--database-url", raw, "--rollback")
+    assert result.returncode == 1 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"user {user} lacks the " in result.stderr
+    assert "privilege on table inbox_message" in result.stderr  # 004's DROP TABLE
+    with conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = %s"
+                    " AND index_name = 'ix_outbox_event_aggregate' AND column_name ="
+                    " 'published_at'", (fresh_url.name,))
+        assert cur.fetchone() == (1,)  # migration 002's index is still there
     # Something is pending: one line naming what is missing, no traceback, nothing changed.
     with conn.cursor() as cur:
         cur.execute(f"DELETE FROM `{fresh_url.name}`.outbox_lite_migrations"
-                    " WHERE name = '002_aggregate_index_published_at'")
+                    " WHERE name = '003_status_index_covers_aggregate'")
     result = _run("--database-url", raw)
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -344,7 +379,52 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
     with conn.cursor() as cur:
         cur.execute(f"SELECT name FROM `{fresh_url.name}`.outbox_lite_migrations"
                     " ORDER BY name")
-        assert cur.fetchall() == (("001_create_outbox_event",), ("003_create_inbox_message",))
+        assert cur.fetchall() == (("001_create_outbox_event",),
+                                  ("002_aggregate_index_published_at",),
+                                  ("004_create_inbox_message",))
+
+
+def test_rollback_by_a_user_without_rights_on_the_database_is_refused(fresh_url, dml_user):
+    # The server hides a database from a user with no privilege on it, whether it exists or
+    # not (1044 for both): "does not exist, nothing to roll back" would be a guess.
+    user, password, conn = dml_user
+    assert _run("--database-url", _url_of(fresh_url)).returncode == 0  # the migration user
+    raw = f"mysql://{user}:{password}@{fresh_url.host}:{fresh_url.port}/{fresh_url.name}"
+    missing = f"mysql://{user}:{password}@{fresh_url.host}:{fresh_url.port}/{fresh_url.name}_no"
+    for url, name in ((raw, fresh_url.name), (missing, f"{fresh_url.name}_no")):
+        result = _run("--database-url", url, "--rollback")
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr.strip() == (f"outbox-lite migrate: error: access denied to "
+                                          f"database {name} for user {user}")
+    assert _schemas_and_tables(fresh_url) == (1, ["inbox_message", "outbox_event",
+                                                  "outbox_lite_migrations"])
+    # Whoever may know is told: a database that does not exist has nothing to roll back.
+    result = _run("--database-url", _url_of(fresh_url.with_name(f"{fresh_url.name}_no")),
+                  "--rollback")
+    assert result.returncode == 0
+    assert result.stdout.strip() == (f"nothing to roll back: database {fresh_url.name}_no "
+                                     "does not exist")
+
+
+def test_the_python_api_refuses_to_read_a_history_it_may_not_see(fresh_url, dml_user):
+    import peewee as pw
+    from outbox_lite import migrate as schema
+    user, password, conn = dml_user
+    assert _run("--database-url", _url_of(fresh_url)).returncode == 0
+    with conn.cursor() as cur:
+        cur.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{fresh_url.name}`.outbox_event"
+                    f" TO '{user}'@'127.0.0.1'")
+    database = DatabaseUrl.parse(f"mysql://{user}:{password}@{fresh_url.host}:"
+                                 f"{fresh_url.port}/{fresh_url.name}").database()
+    try:
+        for call in (schema.applied, schema.rollback, schema.migrate):
+            with pytest.raises(pw.OperationalError, match="SELECT command denied") as info:
+                call(database)
+            assert info.value.args[0] == 1142 or "1142" in str(info.value)
+    finally:
+        database.close()
+    assert _schemas_and_tables(fresh_url) == (1, ["inbox_message", "outbox_event",
+                                                  "outbox_lite_migrations"])
 
 
 @pytest.mark.parametrize("url", [

@@ -125,7 +125,7 @@ def test_a_claim_that_breaks_aggregate_order_breaks_the_ordered_scenario(
         suite_url, monkeypatch, newest_first):
     if newest_first:  # one event per aggregate, but its newest unpublished one
         from outbox_lite import _sql
-        monkeypatch.setattr(_sql, "HEAD", _sql.HEAD.replace("ORDER BY o.id", "ORDER BY o.id DESC"))
+        monkeypatch.setattr(_sql, "HEADS", _sql.HEADS.replace("o.id LIMIT 1", "o.id DESC LIMIT 1"))
         broken, expected = OutboxRepository, [
             "reached the sink before an older one of their aggregate",
             "behind a dead letter were claimed"]

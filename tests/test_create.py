@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
+import time
 
 import pytest
 
 from outbox_lite import (
     DuplicateEventError,
     InvalidEventError,
+    LockConflictError,
+    OutboxRepository,
     OutboxStatus,
     PayloadError,
     TransactionRequiredError,
@@ -78,6 +82,77 @@ def test_duplicate_dedupe_key_raises_and_the_transaction_stays_usable(db, repo, 
     assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
         "job-42", "job-43"]
     assert fetch("SELECT name FROM job") == [{"name": "after"}]
+
+
+def _other_writer(db_url):
+    """A second writer on a connection of its own, that waits at most a second for a lock."""
+    database = db_url.database()
+    database.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+    return database, OutboxRepository(database)
+
+
+def test_a_committed_duplicate_is_refused_without_a_lock_that_holds_up_writers(
+        db, repo, db_url, fetch):
+    """Refused by a plain read before any INSERT: on MySQL, an INSERT refused by the unique
+    key leaves a gap lock at the end of the primary key that blocks every writer until the
+    caller's transaction ends (MariaDB only does so after a race: see the next test)."""
+    with db.atomic():
+        repo.create_in_transaction(**EVENT, dedupe_key="job-42")
+    other, other_repo = _other_writer(db_url)
+    with db.atomic(), capture_sql(db) as statements:
+        with pytest.raises(DuplicateEventError):
+            repo.create_in_transaction(**EVENT, dedupe_key="job-42")
+        with other.atomic():  # the caller's transaction is still open
+            other_repo.create_in_transaction(**EVENT, dedupe_key="job-43")
+    other.close()
+    assert not any(sql.startswith("INSERT") for sql, _ in statements), statements
+    assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
+        "job-42", "job-43"]
+
+
+def test_a_duplicate_from_a_race_holds_up_writers_until_the_refused_transaction_ends(
+        db, repo, db_url, fetch):
+    """The one case the plain read cannot see: the other transaction had not committed yet.
+    The INSERT then waits for it and is refused, and both servers keep a lock (under
+    REPEATABLE READ) that holds up other writers' events until the refused transaction ends:
+    the README tells callers to end it soon."""
+    first = db_url.database()
+    first_repo = OutboxRepository(first)
+    outcome: list[BaseException] = []
+    with first.atomic():
+        first_repo.create_in_transaction(**EVENT, dedupe_key="race")
+
+        def racer() -> None:
+            other, other_repo = _other_writer(db_url)  # connections are per thread
+            try:
+                with db.atomic():
+                    try:
+                        repo.create_in_transaction(**EVENT, dedupe_key="race")
+                    except DuplicateEventError as exc:
+                        outcome.append(exc)
+                        try:  # the refused transaction is still open: may others write?
+                            with other.atomic():
+                                other_repo.create_in_transaction(**EVENT, dedupe_key="new")
+                        except LockConflictError as conflict:
+                            outcome.append(conflict)
+            except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
+                outcome.append(exc)
+            finally:
+                db.close()
+                other.close()
+
+        thread = threading.Thread(target=racer)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not fetch("SELECT 1 FROM information_schema.innodb_trx"
+                        " WHERE trx_state = 'LOCK WAIT'") and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the racer's INSERT waits on ours
+    thread.join(timeout=30)
+    first.close()
+    assert not thread.is_alive() and isinstance(outcome[0], DuplicateEventError), outcome
+    assert len(outcome) == 2 and isinstance(outcome[1], LockConflictError), outcome
+    assert outcome[1].errno == 1205
+    assert [r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")] == ["race"]
 
 
 def test_dedupe_keys_are_exact_not_case_folded(db, repo, fetch):
@@ -186,11 +261,14 @@ def test_unicode_payload_round_trips(db, repo):
     assert repo.model.get_by_id(event.id).payload == payload
 
 
-def test_returned_event_holds_the_payload_given_and_the_row_its_json(db, repo, fetch):
+def test_returned_event_holds_the_payload_given_and_the_row_its_json(db, repo, fetch, server):
     payload = {"job_id": 7, "sizes": (512, 256)}
     with db.atomic():
         event = repo.create_in_transaction(**{**EVENT, "payload": payload})
     assert event.payload is payload  # as Peewee's Model.create returns what it was given
     stored = fetch("SELECT payload FROM outbox_event WHERE id = %s", event.id)
-    assert stored == [{"payload": '{"job_id":7,"sizes":[512,256]}'}]
+    # MariaDB keeps the text outbox_lite wrote; MySQL answers an equal value in its own text.
+    expected = ('{"job_id":7,"sizes":[512,256]}' if server.keeps_json_text
+                else '{"sizes": [512, 256], "job_id": 7}')
+    assert stored == [{"payload": expected}]
     assert repo.model.get_by_id(event.id).payload == {"job_id": 7, "sizes": [512, 256]}

@@ -198,6 +198,43 @@ def test_writer_and_worker_flows_run_with_only_dml_grants(db, db_url, runtime_us
                                                              "status": "pending"}]
 
 
+def test_a_read_only_user_is_refused_changes_never_told_nothing_matched(db_url, repo, fetch,
+                                                                        clock):
+    # A user with SELECT alone: every command that would change a row says which privilege
+    # is missing (exit 1) whenever a row qualifies, and changes nothing; "0" only when none did.
+    user, password = f"ol_ro_{os.getpid()}", "ro-Pass-123"
+    fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+    fetch(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", password)
+    fetch(f"GRANT SELECT ON `{db_url.name}`.outbox_event TO '{user}'@'127.0.0.1'")
+    try:
+        url = _url_text(db_url, user, password)
+        dead = _dead_letter(repo, "http_500", 1)
+        published = new_event(repo, 2)
+        fetch("UPDATE outbox_event SET status = 'published', published_at = %s WHERE id = %s",
+              (clock.now - dt.timedelta(days=30)).replace(tzinfo=None), published.id)
+        before = fetch("SELECT id, status, attempt_count FROM outbox_event ORDER BY id")
+        for args, privilege in ((["dead-letters", "--requeue"], "UPDATE"),
+                                (["dead-letters", "--delete", "--all"], "DELETE"),
+                                (["purge", "--older-than", "7d"], "DELETE")):
+            result = subprocess.run([sys.executable, "-m", "outbox_lite.cli", *args,
+                                     "--database-url", url], capture_output=True, text=True,
+                                    timeout=60, cwd=ROOT)
+            assert result.returncode == 1 and result.stdout == "", (args, result.stdout)
+            assert result.stderr.strip() == (
+                f"outbox-lite {args[0]}: error: user {user} lacks the {privilege} privilege on"
+                " table outbox_event: see 'Schema, migrations and grants' in the README"), args
+        assert fetch("SELECT id, status, attempt_count FROM outbox_event ORDER BY id") == before
+        assert {r["id"]: r["status"] for r in before} == {dead.id: "failed",
+                                                          published.id: "published"}
+        fetch("DELETE FROM outbox_event")  # nothing qualifies: the truth is 0
+        result = subprocess.run([sys.executable, "-m", "outbox_lite.cli", "dead-letters",
+                                 "--requeue", "--database-url", url], capture_output=True,
+                                text=True, timeout=60, cwd=ROOT)
+        assert result.returncode == 0 and result.stdout.strip() == "requeued 0 dead letters"
+    finally:
+        fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+
+
 # ---------------------------------------------------------------------------
 # The operations CLI
 # ---------------------------------------------------------------------------
@@ -248,15 +285,12 @@ def test_the_documented_migration_grants_are_enough(fetch):
           f" ON `{target.name}`.* TO '{user}'@'127.0.0.1'")
     database = DatabaseUrl.parse(_url_text(target, user, password)).database()
     try:
-        assert schema.migrate(database) == ["001_create_outbox_event",
-                                            "002_aggregate_index_published_at",
-                                            "003_create_inbox_message"]
-        assert schema.rollback(database) == "003_create_inbox_message"
-        assert schema.rollback(database) == "002_aggregate_index_published_at"
-        assert schema.rollback(database) == "001_create_outbox_event"
-        assert schema.migrate(database) == ["001_create_outbox_event",
-                                            "002_aggregate_index_published_at",
-                                            "003_create_inbox_message"]
+        migrations = ["001_create_outbox_event", "002_aggregate_index_published_at",
+                      "003_status_index_covers_aggregate", "004_create_inbox_message"]
+        assert schema.migrate(database) == migrations
+        for name in reversed(migrations):
+            assert schema.rollback(database) == name
+        assert schema.migrate(database) == migrations
         with pytest.raises(Exception, match="denied"):
             database.execute_sql("CREATE DATABASE sneaky_grants")
     finally:

@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import pytest
 
+from outbox_lite._server import EXPLAIN
+
 from conftest import capture_sql, seed
 
 
 @pytest.fixture
 def captured(db, repo, clock):
-    """Run every repository method once on a realistic table; collect each statement with
-    the plan EXPLAIN gives for it just before it runs (after, deleted rows have no plan)."""
+    """Run every repository method once on a realistic table (a published history, a few dead
+    letters, a backlog); collect each statement with the plan EXPLAIN gives for it just
+    before it runs (after, deleted rows have no plan)."""
+    history = seed(repo, 600)
+    with db.atomic():
+        published = [e.id for e in repo.claim_batch("old", limit=590)]
+    assert repo.mark_published_many(published[:580], "old") == 580
+    for event_id in published[580:]:
+        assert repo.mark_failed(event_id, "old", "e", "m", retryable=False)
     ids = seed(repo, 300)
+    assert len(history) + len(ids) == 900
     clock.advance(seconds=1)
     db.execute_sql("ANALYZE TABLE outbox_event")
     plans = []
 
     def explain(sql, params):
         if sql.startswith(("SELECT", "INSERT", "UPDATE", "DELETE")):
-            cursor = db.execute_sql("EXPLAIN " + sql, params)
+            cursor = db.execute_sql(f"{EXPLAIN} {sql}", params)
             names = [c[0] for c in cursor.description]
             plans.append((sql, [dict(zip(names, row)) for row in cursor.fetchall()]))
 
@@ -71,19 +81,64 @@ def test_every_locking_statement_goes_by_primary_key(db, captured):
             assert plan["type"] in ("range", "const", "eq_ref"), (sql, plan)
 
 
-def test_the_ordered_head_test_reads_one_aggregate_index_entry_per_candidate(db, captured):
-    [(sql, plans)] = [(s, p) for s, p in captured
-                      if s.startswith("SELECT id FROM outbox_event AS e")]
-    outer, head = plans
-    assert outer["table"] == "e" and outer["key"] == "ix_outbox_event_status_available_at"
-    assert outer["type"] == "range" and "filesort" not in (outer["Extra"] or "")
-    # A dependent subquery by ref on (aggregate_type, aggregate_id, published_at IS NULL),
-    # from the index alone: its ORDER BY id LIMIT 1 stops at the first entry.
-    assert head["select_type"] == "DEPENDENT SUBQUERY" and head["table"] == "o"
-    assert head["key"] == "ix_outbox_event_aggregate" and head["type"] == "ref"
+def test_the_ordered_claim_reads_the_status_index_alone_then_one_head_per_aggregate(
+        db, captured):
+    [(sql, plans)] = [(s, p) for s, p in captured if s.startswith("SELECT (SELECT o.id")]
+    [outer] = [p for p in plans if p["select_type"] == "PRIMARY"]
+    [aggregates] = [p for p in plans if p["select_type"] == "DERIVED"]
+    [head] = [p for p in plans if p["select_type"] == "DEPENDENT SUBQUERY"]
+    assert outer["table"].startswith("<derived")
+    # The distinct aggregates of the oldest dispatchable events, from the index alone (it
+    # holds the aggregate since migration 003), in its order: no sort, no row read.
+    assert aggregates["key"] == "ix_outbox_event_status_available_at", aggregates
+    assert aggregates["type"] == "range" and "Using index" in aggregates["Extra"], aggregates
+    assert "filesort" not in aggregates["Extra"], aggregates
+    # Each aggregate's head: a dependent subquery by ref on (aggregate_type, aggregate_id,
+    # published_at IS NULL), from the index alone, no sort: its LIMIT 1 stops at the first
+    # entry. Written ORDER BY o.id, MySQL sorts the aggregate's unpublished entries here.
+    assert head["table"] == "o" and head["key"] == "ix_outbox_event_aggregate", head
+    assert head["type"] == "ref", head
     refs = [part.rsplit(".", 1)[-1] for part in head["ref"].split(",")]
     assert refs == ["aggregate_type", "aggregate_id", "const"], head
     assert "Using index" in head["Extra"] and "filesort" not in head["Extra"], head
+
+
+def _handler_reads(db) -> dict[str, int]:
+    rows = db.execute_sql("SHOW SESSION STATUS WHERE Variable_name IN"
+                          " ('Handler_read_key', 'Handler_read_next')").fetchall()
+    return {name: int(value) for name, value in rows}
+
+
+def _reads_of(db, statement, params):
+    before = _handler_reads(db)
+    rows = db.execute_sql(statement, params).fetchall()
+    after = _handler_reads(db)
+    return rows, {name: after[name] - before[name] for name in after}
+
+
+def test_an_ordered_claim_reads_as_many_entries_as_it_needs_and_one_head_per_aggregate(
+        db, repo, clock):
+    """Counted by the server (its Handler_read_* counters), on both kinds of server: the
+    aggregates' read stops once it has the ones it wants, and a backlog of one aggregate
+    costs one head read, not one per event."""
+    from outbox_lite import _sql
+
+    seed(repo, 2000)  # 2,000 aggregates of one event each
+    clock.advance(seconds=1)
+    now = clock().replace(tzinfo=None)
+    rows, reads = _reads_of(db, _sql.HEADS, (now, 50))
+    assert len(rows) == 50
+    assert reads["Handler_read_next"] < 200, reads  # not the 2,000 there are
+    # a head read per aggregate (MariaDB also counts its look-ups in the DISTINCT's table)
+    assert reads["Handler_read_key"] <= 2 * 50 + 5, reads
+    with db.atomic():
+        db.execute_sql("DELETE FROM outbox_event")
+    seed(repo, 2000, aggregate_id="hot")  # one aggregate of 2,000 events
+    clock.advance(seconds=1)
+    rows, reads = _reads_of(db, _sql.HEADS, (clock().replace(tzinfo=None), 50))
+    assert len(rows) == 1
+    assert reads["Handler_read_key"] <= 5, reads  # one head read, not 2,000
+    assert reads["Handler_read_next"] <= 2000 + 5, reads  # each pending entry once
 
 
 def test_lease_and_dead_letter_statements_were_checked(captured):

@@ -1,5 +1,6 @@
-"""The README's usage snippets run verbatim after the README's setup: the first one, and the
-relay's (which needs Redis at 127.0.0.1:6379, as the setup says)."""
+"""The README's usage snippets run verbatim after the README's setup: the first one, the
+relay's (which needs Redis at 127.0.0.1:6379, as the setup says), and RabbitMQ's and NATS's,
+which print what a consumer receives, as the README says they do."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def _first_python_block() -> str:
 
 
 def _relay_block() -> str:
-    [block] = [b for b in _python_blocks() if "Relay(outbox, publisher)" in b]
+    [block] = [b for b in _python_blocks()
+               if "Relay(outbox, publisher)" in b and "BullMQPublisher(" in b]
     return block
 
 
@@ -53,10 +55,11 @@ def test_the_first_usage_snippet_runs_as_written(db_url, fetch, tmp_path):
         assert result.stdout == f"published job.created {{'job_id': {job_id}}}\n"
     assert fetch("SELECT id, name FROM job ORDER BY id") == [
         {"id": 1, "name": "resize"}, {"id": 2, "name": "resize"}]
-    assert fetch("SELECT aggregate_id, status, attempt_count, payload FROM outbox_event"
-                 " ORDER BY id") == [
+    rows = fetch("SELECT aggregate_id, status, attempt_count, payload FROM outbox_event"
+                 " ORDER BY id")
+    assert [{**row, "payload": json.loads(row["payload"])} for row in rows] == [
         {"aggregate_id": str(n), "status": "published", "attempt_count": 1,
-         "payload": f'{{"job_id":{n}}}'} for n in (1, 2)]
+         "payload": {"job_id": n}} for n in (1, 2)]
 
 
 def test_the_relay_snippet_runs_as_written(db_url, fetch, tmp_path, rds, queue):
@@ -80,19 +83,72 @@ def test_the_relay_snippet_runs_as_written(db_url, fetch, tmp_path, rds, queue):
     assert rds.llen(f"bull:{queue}:wait") == 2
 
 
-def _inbox_block() -> str:
-    [block] = [b for b in _python_blocks() if 'Inbox(db, "billing")' in b]
-    return block
+def _broker_block(marker: str) -> tuple[str, str]:
+    """The python block holding ``marker`` and what the README says it prints."""
+    [block] = [b for b in _python_blocks() if marker in b]
+    text = README.read_text(encoding="utf-8")
+    after = text[text.index(block) + len(block):]
+    printed = re.search(r"It prints `(.*?)`\n?\(", after, re.DOTALL)
+    assert printed, f"the README does not say what the {marker} block prints"
+    return block, " ".join(printed.group(1).split())
+
+
+def _ours(db_url) -> str:
+    return (f"peewee.MySQLDatabase({db_url.name!r}, host={db_url.host!r}, port={db_url.port},"
+            f" user={db_url.user!r}, password={db_url.password!r}, charset=\"utf8mb4\")")
+
+
+def _run_block(block: str, tmp_path) -> str:
+    script = tmp_path / "readme_broker.py"
+    script.write_text(block, encoding="utf-8")
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return " ".join(result.stdout.split())
+
+
+def test_the_rabbitmq_snippet_runs_as_written_and_prints_what_it_says(db_url, fetch, tmp_path):
+    from _brokers import Exchange, SHARED_RABBITMQ
+
+    block, printed = _broker_block("RabbitMQPublisher(")
+    assert block.count(CONNECT) == 1
+    target = Exchange(SHARED_RABBITMQ, f"readme-{db_url.name}", f"readme-{db_url.name}-q")
+    try:
+        out = _run_block(block.replace(CONNECT, _ours(db_url))
+                         .replace('"orders"', repr(target.name))
+                         .replace('"billing"', repr(target.queue)), tmp_path)
+        assert out == printed
+        assert target.depth() == 0  # the one message was read
+    finally:
+        target.delete()
+    assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
+
+
+def test_the_nats_snippet_runs_as_written_and_prints_what_it_says(db_url, fetch, tmp_path):
+    from _brokers import SHARED_NATS, Stream
+
+    block, printed = _broker_block("NATSPublisher(")
+    assert block.count(CONNECT) == 1
+    prefix = f"readme-{db_url.name}".replace("_", "-")
+    target = Stream(SHARED_NATS, f"README_{db_url.name}", prefix, [f"{prefix}.>"])
+    try:
+        out = _run_block(block.replace(CONNECT, _ours(db_url))
+                         .replace('"SHOP"', repr(target.name))
+                         .replace('"shop.>"', repr(f"{prefix}.>"))
+                         .replace('"shop"', repr(prefix)), tmp_path)
+        assert out == printed.replace("shop.", f"{prefix}.", 1)
+        assert target.count() == 1
+    finally:
+        target.delete()
+    assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
 
 
 def test_the_inbox_snippet_runs_as_written(db_url, fetch, tmp_path):
     """Run twice: the second run's first delivery is a redelivery too, and writes nothing."""
-    block = _inbox_block()
+    [block] = [b for b in _python_blocks() if 'Inbox(db, "billing")' in b]
     assert block.count(CONNECT) == 1
-    ours = (f"peewee.MySQLDatabase({db_url.name!r}, host={db_url.host!r}, port={db_url.port},"
-            f" user={db_url.user!r}, password={db_url.password!r}, charset=\"utf8mb4\")")
     script = tmp_path / "readme_inbox.py"
-    script.write_text(block.replace(CONNECT, ours), encoding="utf-8")
+    script.write_text(block.replace(CONNECT, _ours(db_url)), encoding="utf-8")
     for expected in ("True\nFalse\n", "False\nFalse\n"):
         result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
                                 capture_output=True, text=True)

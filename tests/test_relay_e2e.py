@@ -21,52 +21,13 @@ from outbox_lite.publishers.bullmq import BullMQPublisher, job_id
 from outbox_lite.relay import Relay
 
 from _redis import SHARED_REDIS, consume
+from _relays import TESTS
+from _relays import StopsServerBefore as _StopsRedisBefore
+from _relays import finish as _finish
+from _relays import orders as _orders
+from _relays import relay_process as _relay_process
+from _relays import wait_for as _wait_for
 
-TESTS = Path(__file__).resolve().parent
-
-
-def _relay_process(db_url, *args, env=None, worker_id=None):
-    """``outbox-lite relay`` in a process of its own (as ``python -m outbox_lite.cli``)."""
-    command = [sys.executable, "-m", "outbox_lite.cli", "relay",
-               "--database-url", db_url.secret_text(), "--progress-every", "0.5", *args]
-    if worker_id:
-        command += ["--worker-id", worker_id]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(TESTS), **(env or {})})
-
-
-def _finish(process, timeout=120):
-    out, err = process.communicate(timeout=timeout)
-    return process.returncode, out, err
-
-
-def _orders(db, repo, count, aggregates=30):
-    """``count`` events, each written with its business row in one transaction (two events
-    per transaction, as a service writing a job and its first step would)."""
-    events = []
-    for n in range(0, count, 2):
-        with db.atomic():
-            job = db.execute_sql("INSERT INTO job (name) VALUES (%s)", (f"job-{n}",)).lastrowid
-            for step in (n, n + 1):
-                events.append(repo.create_in_transaction(
-                    event_type="job.created" if step % 2 == 0 else "job.queued",
-                    aggregate_type="job", aggregate_id=str(step % aggregates),
-                    payload={"job_id": job, "step": step, "text": f"naïve café {step}"},
-                    dedupe_key=f"job:{job}:{step}"))
-    return events
-
-
-def _wait_for(condition, processes, timeout=60):
-    """Poll ``condition`` until it holds; fail (with the processes' stderr) if it does not
-    within ``timeout`` s or if one of ``processes`` ends first. The processes are killed
-    before their stderr is read: reading a live one's would block."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
-            for p in processes:
-                p.kill()
-            pytest.fail("waited in vain: " + " | ".join(p.communicate()[1] for p in processes))
-        time.sleep(0.01)
 
 
 def _expected(events):
@@ -149,26 +110,6 @@ def test_ordered_relays_deliver_each_aggregate_in_id_order(db, db_url, repo, fet
         per_aggregate[by_job_id[jid].aggregate_id].append(by_job_id[jid].id)
     assert len(per_aggregate) == 20
     assert all(ids == sorted(ids) and len(ids) == 15 for ids in per_aggregate.values())
-
-
-class _StopsRedisBefore:
-    """A publisher that stops the test's own Redis (by its pid) just before its ``batch``-th
-    publish: an outage mid-run, at a point the test knows, however fast the relay is."""
-
-    def __init__(self, publisher, server, batch: int) -> None:
-        self.publisher, self.server, self.batch, self.calls = publisher, server, batch, 0
-
-    def publish(self, events):
-        self.calls += 1
-        if self.calls == self.batch:
-            self.server.stop()
-        return self.publisher.publish(events)
-
-    def ping(self):
-        return self.publisher.ping()
-
-    def close(self):
-        self.publisher.close()
 
 
 def test_redis_stopped_mid_run_delays_but_loses_nothing(db, clock, fetch, redis_server,

@@ -9,18 +9,23 @@ from peewee_migrate import Router
 
 import outbox_lite
 from outbox_lite import migrate as schema
+from outbox_lite._server import server_of
 from outbox_lite.models import COLUMNS, OutboxEvent
 
 MIGRATIONS = ["001_create_outbox_event", "002_aggregate_index_published_at",
-              "003_create_inbox_message"]
+              "003_status_index_covers_aggregate", "004_create_inbox_message"]
 EXPECTED_TYPES = {
     "id": "bigint", "event_type": "varchar(255)", "aggregate_type": "varchar(255)",
     "aggregate_id": "varchar(255)", "dedupe_key": "varchar(255)", "status": "varchar(16)",
-    "attempt_count": "int(10) unsigned", "available_at": "datetime(6)",
+    "available_at": "datetime(6)",
     "locked_at": "datetime(6)", "locked_by": "varchar(255)", "published_at": "datetime(6)",
     "last_error_code": "varchar(64)", "last_error_message": "text",
     "created_at": "datetime(6)", "updated_at": "datetime(6)",
 }
+
+
+def _server(fetch):
+    return server_of(lambda sql: [tuple(row.values()) for row in fetch(sql)])
 
 
 def _columns(fetch):
@@ -37,14 +42,19 @@ def test_table_has_the_sixteen_columns_of_the_spec_with_microsecond_instants(fet
     types = {c["name"]: c["type"] for c in columns}
     for name, expected in EXPECTED_TYPES.items():
         assert types[name].startswith(expected), (name, types[name])
-    # MariaDB stores JSON as LONGTEXT with a json_valid CHECK; MySQL has a JSON type.
-    assert types["payload"] in ("json", "longtext")
+    server = _server(fetch)
+    # MySQL 8.0.19 stopped showing integer display widths: int(10) on MariaDB, int on MySQL.
+    assert types["attempt_count"] == ("int(10) unsigned" if server.integer_display_width
+                                      else "int unsigned")
+    # MariaDB's JSON is LONGTEXT with a json_valid CHECK; MySQL has a JSON type of its own.
+    assert types["payload"] == server.json_column_type
     coll = {c["name"]: c["coll"] for c in columns}
     assert coll["dedupe_key"] == "utf8mb4_bin" and coll["locked_by"] == "utf8mb4_bin"
 
 
 def test_table_has_the_required_indexes_and_no_foreign_key(fetch):
-    rows = fetch("SELECT index_name AS name, non_unique, column_name AS col, seq_in_index AS seq"
+    rows = fetch("SELECT index_name AS name, non_unique AS non_unique, column_name AS col,"
+                 " seq_in_index AS seq"
                  " FROM information_schema.statistics WHERE table_schema = DATABASE()"
                  " AND table_name = 'outbox_event' ORDER BY index_name, seq_in_index")
     indexes: dict[str, list[str]] = {}
@@ -54,16 +64,18 @@ def test_table_has_the_required_indexes_and_no_foreign_key(fetch):
         unique[row["name"]] = not row["non_unique"]
     assert indexes["uq_outbox_event_dedupe_key"] == ["dedupe_key"]
     assert unique["uq_outbox_event_dedupe_key"]
-    assert indexes["ix_outbox_event_status_available_at"] == ["status", "available_at"]
+    # (status, available_at) leads it; the aggregate lets ordered claims read the index alone
+    assert indexes["ix_outbox_event_status_available_at"] == [
+        "status", "available_at", "id", "aggregate_type", "aggregate_id"]
     assert indexes["ix_outbox_event_locked_at"] == ["locked_at"]
     # (aggregate_type, aggregate_id) leads it; published_at makes an aggregate's head one read
     assert indexes["ix_outbox_event_aggregate"] == ["aggregate_type", "aggregate_id",
                                                     "published_at"]
     assert fetch("SELECT * FROM information_schema.referential_constraints"
                  " WHERE constraint_schema = DATABASE()") == []
-    engine = fetch("SELECT engine FROM information_schema.tables WHERE table_schema = DATABASE()"
-                   " AND table_name = 'outbox_event'")
-    assert engine == [{"engine": "InnoDB"}] or engine == [{"ENGINE": "InnoDB"}]
+    engine = fetch("SELECT engine AS engine FROM information_schema.tables"
+                   " WHERE table_schema = DATABASE() AND table_name = 'outbox_event'")
+    assert engine == [{"engine": "InnoDB"}]
 
 
 def test_status_check_constraint_refuses_unknown_states(db, fetch):
@@ -79,38 +91,47 @@ def test_status_check_constraint_refuses_unknown_states(db, fetch):
     assert fetch("SELECT status FROM outbox_event") == [{"status": "pending"}]
 
 
-def _aggregate_index(fetch):
+def _index(fetch, name="ix_outbox_event_aggregate"):
     return [r["col"] for r in fetch(
         "SELECT column_name AS col FROM information_schema.statistics WHERE table_schema ="
-        " DATABASE() AND table_name = 'outbox_event' AND index_name = 'ix_outbox_event_aggregate'"
-        " ORDER BY seq_in_index")]
+        " DATABASE() AND table_name = 'outbox_event' AND index_name = %s"
+        " ORDER BY seq_in_index", name)]
+
+
+STATUS_INDEX = "ix_outbox_event_status_available_at"
 
 
 def test_migrate_twice_is_a_no_op_and_rollback_undoes_one_migration_at_a_time(db_url, fetch):
     database = db_url.database()
     assert schema.migrate(database) == []  # the fixture migrated already
     assert schema.applied(database) == MIGRATIONS
-    assert schema.rollback(database) == "003_create_inbox_message"
+    assert schema.rollback(database) == "004_create_inbox_message"
+    assert schema.rollback(database) == "003_status_index_covers_aggregate"
+    assert _index(fetch, STATUS_INDEX) == ["status", "available_at"]
     assert schema.rollback(database) == "002_aggregate_index_published_at"
-    assert _aggregate_index(fetch) == ["aggregate_type", "aggregate_id"]
+    assert _index(fetch) == ["aggregate_type", "aggregate_id"]
     assert len(_columns(fetch)) == 16
     assert schema.rollback(database) == "001_create_outbox_event"
     assert fetch("SHOW TABLES LIKE 'outbox_event'") == []
     assert schema.rollback(database) is None
     assert schema.migrate(database) == MIGRATIONS
     assert len(_columns(fetch)) == 16
-    assert _aggregate_index(fetch) == ["aggregate_type", "aggregate_id", "published_at"]
+    assert _index(fetch) == ["aggregate_type", "aggregate_id", "published_at"]
+    assert _index(fetch, STATUS_INDEX) == ["status", "available_at", "id", "aggregate_type",
+                                           "aggregate_id"]
     database.close()
 
 
-def test_the_index_migration_keeps_the_rows_of_a_table_in_use(db_url, repo, fetch):
+def test_the_index_migrations_keep_the_rows_of_a_table_in_use(db_url, repo, fetch):
     from conftest import seed
     ids = seed(repo, 50)
     database = db_url.database()
-    assert schema.rollback(database) == "003_create_inbox_message"
+    assert schema.rollback(database) == "004_create_inbox_message"
+    assert schema.rollback(database) == "003_status_index_covers_aggregate"
     assert schema.rollback(database) == "002_aggregate_index_published_at"
     assert schema.migrate(database) == ["002_aggregate_index_published_at",
-                                        "003_create_inbox_message"]
+                                        "003_status_index_covers_aggregate",
+                                        "004_create_inbox_message"]
     database.close()
     assert [r["id"] for r in fetch("SELECT id FROM outbox_event ORDER BY id")] == ids
     assert fetch("CHECK TABLE outbox_event")[0]["Msg_text"] == "OK"

@@ -4,20 +4,19 @@ The mapping is a contract, because consumers and re-publications rely on it:
 
 * job **name** = ``event.event_type``;
 * job **data** = ``event.payload``, the JSON object or array as stored;
-* job **id** = :func:`job_id` of ``event.dedupe_key``: ``"outbox-"`` followed by the key
-  percent-encoded as UTF-8 (every byte except ``A-Z a-z 0-9 - . _ ~`` becomes ``%XX``,
-  upper-case hex), e.g. ``order 42:paid`` → ``outbox-order%2042%3Apaid``.
+* job **id** = :func:`outbox_lite.publishers.message_id` of the event, the message id every
+  publisher uses: ``"outbox-"`` followed by the dedupe key percent-encoded as UTF-8, e.g.
+  ``order 42:paid`` → ``outbox-order%2042%3Apaid``.
 
-Why that id. BullMQ stores job ``X`` of queue ``Q`` at the Redis key ``bull:Q:X``, next to the
-queue's own keys (``bull:Q:wait``, ``bull:Q:meta``, ``bull:Q:id``, ``bull:Q:de:…``) and the
-job's (``bull:Q:X:lock``, ``bull:Q:X:logs``), and numbers jobs without a custom id ``1, 2, 3…``
-from a counter. So a custom id must not contain ``:`` and must not be an integer: BullMQ for
-Node refuses both ("Custom Id cannot contain :", "Custom Ids cannot be integers"); the Python
-package checks neither and would silently mix the keys up. The ``outbox-`` prefix keeps every
-id off the counter's numbers and off the queue's own key names; percent-encoding removes ``:``
-(and white space, braces, non-ASCII) and is injective because ``%`` itself is encoded: two
-different dedupe keys never share a job id, and :func:`dedupe_key_of` gives the key back.
-A dedupe key (at most 255 characters) gives an id of at most 7 + 255 × 12 characters.
+Why that id suits BullMQ. BullMQ stores job ``X`` of queue ``Q`` at the Redis key ``bull:Q:X``,
+next to the queue's own keys (``bull:Q:wait``, ``bull:Q:meta``, ``bull:Q:id``, ``bull:Q:de:…``)
+and the job's (``bull:Q:X:lock``, ``bull:Q:X:logs``), and numbers jobs without a custom id
+``1, 2, 3…`` from a counter. So a custom id must not contain ``:`` and must not be an integer:
+BullMQ for Node refuses both ("Custom Id cannot contain :", "Custom Ids cannot be integers"); the
+Python package checks neither and would silently mix the keys up. The ``outbox-`` prefix keeps
+every id off the counter's numbers and off the queue's own key names; percent-encoding removes
+``:`` (and white space, braces, non-ASCII) and is injective: two different dedupe keys never
+share a job id, and :func:`dedupe_key_of` gives the key back.
 
 Duplicates. BullMQ ignores an add whose job id exists already. Publishing an event twice (a
 relay that died after adding but before recording, or a publish that timed out after Redis
@@ -36,25 +35,23 @@ is Redis memory: about (jobs per second) × 86,400 × (job size) for the complet
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 import logging
-import math
-import re
 import threading
 import weakref
 from typing import Any, Awaitable, Callable, Mapping, Sequence
-from urllib.parse import quote, unquote, urlsplit
 
 from .. import _checks
 from ..errors import InvalidEventError, OutboxError
 from ..models import OutboxEvent
-from ..payload import redact
+from . import MESSAGE_ID_PREFIX, message_id, message_id_of_key
+from . import dedupe_key_of as dedupe_key_of  # re-exported: bullmq.dedupe_key_of
+from ._loop import CallTimeout, LoopThread, timeout_option
+from ._url import mask_url, password_of, scrub
 
 logger = logging.getLogger(__name__)
 
-JOB_ID_PREFIX = "outbox-"
+JOB_ID_PREFIX = MESSAGE_ID_PREFIX
 #: Job options every job gets unless ``job_options`` overrides them (see the module docstring).
 DEFAULT_JOB_OPTIONS: Mapping[str, Any] = {
     "removeOnComplete": {"age": 86_400},
@@ -66,22 +63,12 @@ REDIS_DEFAULT_MAX_BULK_BYTES = 512 * 1024 * 1024
 #: Options the publisher owns, or that would merge different events into one job.
 _RESERVED_JOB_OPTIONS = ("jobId", "parent", "repeat", "deduplication", "debounce")
 _INSTALL_HINT = "pip install 'outbox-lite[bullmq]'"
-#: What percent-encoding leaves as it is (RFC 3986's unreserved characters).
-_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]+")
 
 
 def job_id(dedupe_key: str) -> str:
-    """The BullMQ job id of the event with ``dedupe_key`` (injective; see the module docstring)."""
-    if _UNRESERVED.fullmatch(dedupe_key):  # the common case (generated keys): 3x faster
-        return JOB_ID_PREFIX + dedupe_key
-    return JOB_ID_PREFIX + quote(dedupe_key, safe="")
-
-
-def dedupe_key_of(job_id: str) -> str:
-    """The dedupe key a :func:`job_id` was made from; ``ValueError`` for other ids."""
-    if not job_id.startswith(JOB_ID_PREFIX):
-        raise ValueError(f"{job_id!r} is not an outbox job id")
-    return unquote(job_id[len(JOB_ID_PREFIX):], errors="strict")
+    """The BullMQ job id of the event with ``dedupe_key``: its message id (one definition,
+    :func:`outbox_lite.publishers.message_id_of_key`)."""
+    return message_id_of_key(dedupe_key)
 
 
 # ---------------------------------------------------------------------------
@@ -132,26 +119,25 @@ class BullMQPublisher:
                  max_data_bytes: int | None = None) -> None:
         self.queue_name = _queue_name(queue)
         self.prefix = _checks.name("prefix", prefix)
-        self.timeout = _timeout(timeout)
+        self.timeout = timeout_option(timeout)
         self.job_options = _job_options(job_options)
         self._max_data_bytes = (None if max_data_bytes is None
                                 else _checks.positive_int("max_data_bytes", max_data_bytes))
         if not isinstance(redis_url, str):
             raise InvalidEventError(f"redis_url must be a str, not {type(redis_url).__name__}")
         self._url = redis_url
-        self._password = _password(redis_url)
-        self.redis_url = _mask_url(redis_url)  # safe to show: the password is masked
+        self._password = password_of(redis_url)
+        self.redis_url = mask_url(redis_url, "Redis")  # safe to show: the password is masked
         self._bullmq, self._redis = _import_clients()
         # The queue in use, in a list the finalizer shares (it must not hold self).
         self._current = [self._open()]  # parses the URL (a bad one raises here); connects lazily
         self._lock = threading.Lock()
         self._closed = False
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name=f"outbox-bullmq-{self.queue_name}")
-        self._thread.start()
+        self._runner = LoopThread(f"outbox-bullmq-{self.queue_name}")
+        self._loop, self._thread = self._runner.loop, self._runner.thread
+        current = self._current
         # close() calls it; so does the garbage collector (or exit) if close() never came.
-        self._stop = weakref.finalize(self, _shut_down, self._loop, self._thread, self._current,
+        self._stop = weakref.finalize(self, self._runner.stop, lambda: _close_queue(current[0]),
                                       self.timeout)
 
     def __repr__(self) -> str:
@@ -173,7 +159,7 @@ class BullMQPublisher:
         """
         if not events:
             return {}
-        jobs = [{"name": e.event_type, "data": e.payload, "opts": {"jobId": job_id(e.dedupe_key)}}
+        jobs = [{"name": e.event_type, "data": e.payload, "opts": {"jobId": message_id(e)}}
                 for e in events]
         failures: Mapping[int, BaseException] = self._run(
             lambda queue: self._add(queue, events, jobs))
@@ -199,18 +185,15 @@ class BullMQPublisher:
                 raise BullMQUnavailableError("the BullMQ publisher is closed",
                                              error_code="bullmq_closed")
             queue = self._current[0]
-            future = asyncio.run_coroutine_threadsafe(_awaited(call(queue)), self._loop)
             try:
-                return future.result(self.timeout)
+                return self._runner.call(call(queue), self.timeout)
             except self._redis.exceptions.RedisError as exc:
                 raise self._error(exc) from exc
-            except concurrent.futures.TimeoutError:
-                if future.done():  # the call's own TimeoutError, not our wait's
-                    raise
-                future.cancel()  # redis-py drops a connection whose command is cancelled
-                # Start afresh anyway: nothing of a cancelled call must linger.
+            except CallTimeout:
+                # redis-py drops a connection whose command is cancelled; start afresh
+                # anyway: nothing of a cancelled call must linger.
                 self._current[0] = self._open()
-                asyncio.run_coroutine_threadsafe(_close_queue(queue), self._loop)
+                self._runner.spawn(_close_queue(queue))
                 raise BullMQUnavailableError(
                     f"{self._where()}: no answer within {self.timeout:g} s",
                     error_code="bullmq_timeout") from None
@@ -296,10 +279,7 @@ class BullMQPublisher:
         return f"BullMQ queue {self.queue_name!r} at {self.redis_url}"
 
     def _clean(self, exc: BaseException) -> str:
-        text = str(exc)
-        if self._password:
-            text = text.replace(self._password, "***")
-        return redact(text)
+        return scrub(str(exc), self._password)
 
     def _too_large(self, limit: int) -> BullMQJobError:
         return BullMQJobError(
@@ -333,37 +313,11 @@ def _import_clients() -> tuple[Any, Any]:
     return bullmq, redis
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
-
-
 async def _close_queue(queue: Any) -> None:
     try:
         await queue.close()
     except Exception as exc:  # noqa: BLE001 - closing must not fail on a dead Redis
         logger.debug("closing a BullMQ queue failed: %s", type(exc).__name__)
-
-
-def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, current: list[Any],
-               timeout: float) -> None:
-    """Cancel what still runs on ``loop``, close the queue, stop the loop and its thread."""
-
-    async def wind_up() -> None:
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await _close_queue(current[0])
-
-    if thread.is_alive():
-        try:
-            asyncio.run_coroutine_threadsafe(wind_up(), loop).result(timeout)
-        except Exception:  # noqa: BLE001 - stopping goes on regardless
-            logger.debug("winding up the BullMQ publisher's loop timed out")
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)
-    if not thread.is_alive():
-        loop.close()
 
 
 def _data_bytes(data: Any) -> int:
@@ -376,14 +330,6 @@ def _queue_name(queue: Any) -> str:
     if ":" in queue:
         raise InvalidEventError("queue must not contain ':' (BullMQ's key separator)")
     return str(queue)
-
-
-def _timeout(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidEventError(f"timeout must be a number of seconds, not {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise InvalidEventError(f"timeout must be a positive number of seconds, not {value}")
-    return float(value)
 
 
 def _job_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -410,30 +356,3 @@ def _job_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
                 "published again after its job was removed adds a second job; keep them "
                 "by age (see outbox_lite.publishers.bullmq)", key, keep)
     return merged
-
-
-def _password(url: Any) -> str:
-    try:
-        return unquote(urlsplit(url).password or "")
-    except (TypeError, ValueError):
-        return ""
-
-
-def _mask_url(url: str) -> str:
-    """``url`` without its password (``***``), query or fragment: safe for errors and logs."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
-    except ValueError:
-        return "<unparsable Redis URL>"
-    auth = ""
-    if "@" in parts.netloc:
-        userinfo = parts.netloc.rpartition("@")[0]
-        user, has_password, _ = userinfo.partition(":")
-        # Without ':' the user part may well be a password put in the wrong place.
-        auth = f"{user}:***@" if has_password else "***@"
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = auth + host + (f":{port}" if port is not None else "")
-    return redact(f"{parts.scheme}://{netloc}{parts.path}")
