@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, NamedTuple, NoReturn, Sequence
 import peewee as pw
 import pymysql
 
-from . import __version__, _checks
+from . import __version__, _checks, _signals
 from ._db import DEFAULT_URL, DatabaseExistsError, DatabaseUrl, DatabaseUrlError, tls_failure
 from .errors import OutboxError, driver_errno
 from .models import HISTORY_TABLE, MAX_ERROR_CODE_LENGTH, OutboxStatus
@@ -202,7 +202,8 @@ def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
                             batch_size=args.batch_size, max_attempts=args.max_attempts,
                             keep=args.keep, force=args.force, progress=progress)
     try:
-        results = suite.run(args.scenario or _all_scenarios())
+        with _signals.interrupt_on(signal.SIGTERM):  # like Ctrl-C: the suite drops its database
+            results = suite.run(args.scenario or _all_scenarios())
     except DatabaseExistsError:
         raise CommandError(
             f"database {target.name} exists already and the suite would replace it: drop "
@@ -268,6 +269,11 @@ def _dead_letter_count(repo: OutboxRepository, ids: list[int] | None,
 def _cmd_dead_letters(args: argparse.Namespace, url: DatabaseUrl) -> int:
     ids = sorted(set(args.id)) if args.id else None
     code = args.error_code
+    if args.action is None:
+        return _list_dead_letters(args, url, ids, code)
+    if getattr(args, "limit", None) is not None or getattr(args, "json", False):
+        raise UsageError("--limit and --json go with the listing (dead-letters without"
+                         " --requeue or --delete)")
     if args.all and (ids or code is not None):
         raise UsageError("--all selects every dead letter: give --all, or --id/--error-code")
     if args.action == "delete" and not (args.all or ids or code is not None):
@@ -295,6 +301,82 @@ def _cmd_dead_letters(args: argparse.Namespace, url: DatabaseUrl) -> int:
     return EXIT_OK
 
 
+# -- the dead-letter listing -----------------------------------------------------------
+
+DEFAULT_LIST_LIMIT = 50
+_MESSAGE_WIDTH = 60  # characters of the stored message in the table (--json has it all)
+
+
+def _list_dead_letters(args: argparse.Namespace, url: DatabaseUrl, ids: list[int] | None,
+                       code: str | None) -> int:
+    """``dead-letters`` with no action: the dead letters (oldest id first), at most
+    ``--limit``, as a table or ``--json``; payloads are never shown."""
+    if args.all or args.dry_run:
+        raise UsageError("--all and --dry-run go with --requeue or --delete; the listing"
+                         " shows at most --limit dead letters")
+    limit = DEFAULT_LIST_LIMIT if args.limit is None else args.limit
+    with _repository(url) as repo:
+        model = repo.model
+        total = _dead_letter_count(repo, ids, code)
+        query = (model.select(model.id, model.event_type, model.aggregate_type,
+                              model.aggregate_id, model.last_error_code,
+                              model.last_error_message, model.attempt_count, model.created_at,
+                              model.updated_at)
+                 .where(model.status == OutboxStatus.FAILED.value))
+        if ids is not None:
+            query = query.where(model.id.in_(ids))
+        if code is not None:
+            query = query.where(model.last_error_code == code)
+        rows = list(query.order_by(model.id).limit(limit))
+        now = repo.clock()
+    letters = [{"id": e.id, "event_type": e.event_type, "aggregate_type": e.aggregate_type,
+                "aggregate_id": e.aggregate_id, "error_code": e.last_error_code,
+                "error_message": redact(e.last_error_message or ""),
+                "attempt_count": e.attempt_count, "created_at": e.created_at.isoformat(),
+                "failed_at": e.updated_at.isoformat(),
+                "age_seconds": round(max(0.0, (now - e.updated_at).total_seconds()), 3)}
+               for e in rows]
+    if args.json:
+        print(json.dumps({"dead_letters": letters, "shown": len(letters), "total": total,
+                          "limit": limit}, indent=2))
+        return EXIT_OK
+    if not letters:
+        print("no dead letters" + ("" if ids is None and code is None else " match"))
+        return EXIT_OK
+    table = [("ID", "EVENT TYPE", "AGGREGATE", "CODE", "ATTEMPTS", "FAILED", "MESSAGE")]
+    table += [(str(d["id"]), _printable(d["event_type"]),
+               _printable(f"{d['aggregate_type']}:{d['aggregate_id']}"),
+               _printable(d["error_code"] or "-"), str(d["attempt_count"]),
+               _ago(float(d["age_seconds"])) + " ago",
+               _printable(d["error_message"], _MESSAGE_WIDTH)) for d in letters]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    shown = (f"{_plural(total, 'dead letter')}" if len(letters) == total
+             else f"{len(letters):,} of {_plural(total, 'dead letter')} (--limit {limit})")
+    print(f"{shown}; act on them with: outbox-lite dead-letters --requeue|--delete --id ID ...")
+    return EXIT_OK
+
+
+def _printable(text: str, width: int | None = None) -> str:
+    """One line a terminal shows as it is: control characters escaped (a stored message may
+    hold anything a broker said), cut to ``width`` characters."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if width is not None and len(text) > width:
+        text = text[:width - 1] + "…"
+    return text
+
+
+def _ago(seconds: float) -> str:
+    """90 -> "1m 30s", 7200 -> "2h 0m", 200000 -> "2d 7h"."""
+    whole = int(seconds)
+    for size, unit, smaller, small_unit in ((86400, "d", 3600, "h"), (3600, "h", 60, "m"),
+                                            (60, "m", 1, "s")):
+        if whole >= size:
+            return f"{whole // size}{unit} {whole % size // smaller}{small_unit}"
+    return f"{whole}s"
+
+
 def _cmd_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
     age: Age = args.older_than
     with _repository(url) as repo:
@@ -318,23 +400,65 @@ def _cmd_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
 def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
     from .relay import Relay
 
+    metrics = _relay_metrics(args)
     publisher = _publisher(args)
+    server = None
     try:
         with _repository(url) as repo:
             relay = Relay(repo, publisher, worker_id=args.worker_id,
                           batch_size=args.batch_size, lock_timeout=args.lock_timeout,
                           ordered=args.ordered, max_idle_pause=args.max_idle_pause,
-                          progress_every=args.progress_every)
+                          progress_every=args.progress_every, metrics=metrics,
+                          stuck_after=args.stuck_after)
             repo.stats()  # a wrong URL, a missing grant or table: one line now, not in the loop
             logging.getLogger("outbox_lite.relay").setLevel(logging.INFO)
+            if metrics is not None:
+                server = _serve_metrics(metrics, args.metrics_host, args.metrics_port)
             stop = threading.Event()
-            _stop_on_signals(stop)
-            print(f"outbox-lite relay {relay.worker_id}: from {url} to {publisher!r}"
-                  + (", ordered" if args.ordered else ""), file=sys.stderr, flush=True)
-            relay.run(stop, until_empty=args.until_empty)
+            with _signals.stop_on_signals(stop, _say_stopping):
+                print(f"outbox-lite relay {relay.worker_id}: from {url} to {publisher!r}"
+                      + (", ordered" if args.ordered else "")
+                      + (f"; metrics on {_metrics_url(server)}/metrics" if server else ""),
+                      file=sys.stderr, flush=True)
+                relay.run(stop, until_empty=args.until_empty)
     finally:
+        if server is not None:
+            server.close()
         publisher.close()
     return EXIT_OK
+
+
+def _relay_metrics(args: argparse.Namespace) -> Any:
+    """The RelayMetrics that --metrics-port asks for (in prometheus_client's default
+    registry, with the process's own metrics), or None."""
+    if args.metrics_port is None:
+        given = [flag for flag, value in (("--metrics-host", args.metrics_host),
+                                          ("--stats-every", args.stats_every),
+                                          ("--stuck-after", args.stuck_after))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{' and '.join(given)} go{'es' if len(given) == 1 else ''}"
+                             " with --metrics-port")
+        return None
+    try:
+        from .metrics import RelayMetrics
+    except ImportError as exc:
+        raise CommandError(str(exc)) from None
+    return RelayMetrics(stats_every=15.0 if args.stats_every is None else args.stats_every)
+
+
+def _serve_metrics(metrics: Any, host: str | None, port: int) -> Any:
+    host = host or "127.0.0.1"
+    try:
+        return metrics.serve(port, host)
+    except OSError as exc:
+        raise CommandError(f"--metrics-port {port}: cannot listen on {host}:{port}"
+                           f" ({exc.strerror or exc})") from None
+
+
+def _metrics_url(server: Any) -> str:
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    return f"http://{host}:{server.port}"
 
 
 class _Broker(NamedTuple):
@@ -439,17 +563,18 @@ def _publisher_from_factory(spec: str) -> Any:
     return publisher
 
 
-def _stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM and SIGINT stop the relay after the batch in hand; a second SIGINT at once."""
-    def graceful(signum: int, frame: Any) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        stop.set()
-        print(f"outbox-lite relay: {signal.Signals(signum).name}: stopping after the batch in"
-              " hand (Ctrl-C again stops at once)", file=sys.stderr, flush=True)
-
-    signal.signal(signal.SIGTERM, graceful)
-    signal.signal(signal.SIGINT, graceful)
+def _say_stopping(signum: int, first: bool) -> None:
+    """What the signal that arrived does to the relay (said from the signal watcher thread,
+    never from the handler: see outbox_lite._signals)."""
+    name = signal.Signals(signum).name
+    if not first:
+        does = "already stopping after the batch in hand is recorded (SIGINT stops at once)"
+    elif signum == signal.SIGINT:
+        does = "stopping after the batch in hand is recorded (Ctrl-C again stops at once)"
+    else:
+        does = ("stopping after the batch in hand is recorded (a SIGINT stops at once,"
+                " leaving that batch's claims to expire)")
+    print(f"outbox-lite relay: {name}: {does}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -569,11 +694,16 @@ def _url_options() -> list[str]:
 def _add_dead_letter_flags(parser: argparse.ArgumentParser, *, action: str | None) -> None:
     _add_database_flag(parser)
     if action is None:
-        what = parser.add_mutually_exclusive_group(required=True)
+        what = parser.add_mutually_exclusive_group()
         what.add_argument("--requeue", dest="action", action="store_const", const="requeue",
                           help="move them back to pending with attempt_count 0")
         what.add_argument("--delete", dest="action", action="store_const", const="delete",
                           help="delete them for good (they are never published)")
+        parser.add_argument("--limit", type=_positive, metavar="N",
+                            help="list at most N dead letters, oldest id first (default: "
+                                 f"{DEFAULT_LIST_LIMIT}; without --requeue or --delete)")
+        parser.add_argument("--json", action="store_true",
+                            help="list them as one JSON document, each message in full")
     else:
         parser.set_defaults(action=action)
     parser.add_argument("--id", type=_event_id, action="extend", nargs="+", metavar="EVENT_ID",
@@ -589,6 +719,33 @@ def _add_dead_letter_flags(parser: argparse.ArgumentParser, *, action: str | Non
     parser.add_argument("--dry-run", action="store_true",
                         help="say how many would change, change nothing")
     parser.set_defaults(handler=_cmd_dead_letters)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is from 0 to 65535, not {value}")
+    return value
+
+
+def _add_metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=_port, metavar="PORT",
+                        help="serve Prometheus metrics at /metrics and a health check at "
+                             "/healthz on this port (0: any free one, named at start-up); "
+                             "needs outbox-lite[metrics]")
+    parser.add_argument("--metrics-host", metavar="HOST",
+                        help="the address to serve them on (default: 127.0.0.1; 0.0.0.0 for "
+                             "every interface)")
+    parser.add_argument("--stats-every", type=_seconds, metavar="SECONDS",
+                        help="seconds between the outbox statistics read for the gauges, "
+                             "one query set per relay (default: 15)")
+    parser.add_argument("--stuck-after", type=_seconds, metavar="SECONDS",
+                        help="/healthz answers 503 once the relay's loop has made no progress "
+                             "for this long: a database or a publisher that does not return "
+                             "(default: the lock timeout, at least 10 s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -643,11 +800,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_cmd_stats)
 
     p = commands.add_parser(
-        "dead-letters", help="requeue or delete dead letters (failed events)",
-        description="--requeue moves failed events back to pending with attempt_count 0; "
-                    "--delete removes them for good. Both act on every dead letter, or on "
-                    "those selected by --id and/or --error-code; --delete of every one "
-                    "needs --all. --dry-run says how many would change.")
+        "dead-letters", help="list, requeue or delete dead letters (failed events)",
+        description="Without an action, lists the dead letters (id, event type, aggregate, "
+                    "error code, the stored message with credentials masked, attempts, how "
+                    "long ago they failed; never the payload), at most --limit, oldest id "
+                    "first, or --json. --requeue moves failed events back to pending with "
+                    "attempt_count 0; --delete removes them for good. All act on every dead "
+                    "letter, or on those selected by --id and/or --error-code; --delete of "
+                    "every one needs --all. --dry-run says how many would change.")
     _add_dead_letter_flags(p, action=None)
 
     p = commands.add_parser(
@@ -720,6 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "fewer queries (default: 0.05, about 60 queries/s)")
     p.add_argument("--progress-every", type=_seconds, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default: 5)")
+    _add_metrics_flags(p)
     p.set_defaults(handler=_cmd_relay)
 
     _add_inbox_commands(commands)
@@ -758,16 +919,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         _quiet_stdout()
         return EXIT_BROKEN_PIPE
     except (DatabaseUrlError, ValueError) as exc:
+        if (interrupt := _interruption(exc)) is not None:
+            return _interrupted(args.command, interrupt)
         print(f"outbox-lite {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (CommandError, OutboxError, pw.PeeweeException, pymysql.MySQLError, OSError,
             RuntimeError) as exc:
+        if (interrupt := _interruption(exc)) is not None:
+            return _interrupted(args.command, interrupt)
         print(f"outbox-lite {args.command}: error: {_describe(exc, url, args.command)}",
               file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print(f"outbox-lite {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a signal that stops at once (_signals)
+        return _interrupted(args.command, exc)
+
+
+def _interruption(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt an error was raised while unwinding from (a rollback on the connection
+    the interrupt broke, say), if any: that error is the interrupt's consequence."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _interrupted(command: str, exc: KeyboardInterrupt) -> int:
+    signum = exc.signum if isinstance(exc, _signals.Interrupted) else signal.SIGINT
+    print(f"outbox-lite {command}: interrupted by {signal.Signals(signum).name}",
+          file=sys.stderr)
+    return 128 + signum  # what a shell reports for a command the signal ended: 130, 143
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,11 +13,15 @@ Lock conflicts and lost connections never end :meth:`Relay.run`: the round is re
 :func:`outbox_lite.reconnect` with a bounded backoff when the connection broke (so also for a
 database made with ``autoconnect=False`` and for a pooled one). Stopping finishes the batch in
 hand and records its outcomes first. The relay imports no broker client: a publisher is any
-object with ``publish(events)`` and ``close()`` (:class:`Publisher`).
+object with ``publish(events)`` and ``close()`` (:class:`Publisher`). Nor any metrics client: a
+relay given ``metrics`` tells that :class:`RelayObserver` what happens (its counts, rounds,
+publish times, the events it recorded, the outbox's stats), and
+:class:`outbox_lite.metrics.RelayMetrics` turns that into Prometheus families.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import socket
@@ -31,7 +35,7 @@ from ._db import CONNECTION_ERRORS, is_connection_error, reconnect
 from .errors import InvalidEventError, LockConflictError
 from .models import MAX_ERROR_CODE_LENGTH, OutboxEvent
 from .payload import redact
-from .repository import OutboxRepository
+from .repository import OutboxRepository, OutboxStats
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +54,38 @@ class Publisher(Protocol):
     def publish(self, events: Sequence[OutboxEvent]) -> Mapping[int, BaseException]: ...
 
     def close(self) -> None: ...
+
+
+class RelayObserver(Protocol):
+    """What a relay tells of its work as it happens (:class:`outbox_lite.metrics.RelayMetrics`
+    turns it into Prometheus families). Called from the relay's own thread, except ``attach``
+    (from the thread that makes the relay); each call must be quick and must not raise."""
+
+    #: Seconds between the ``repository.stats()`` readings the relay hands to
+    #: :meth:`outbox_stats` while it runs.
+    stats_every: float
+
+    def attach(self, relay: Relay) -> None:
+        """``relay`` was made with this observer (one observer may serve several relays)."""
+
+    def counted(self, counts: RoundResult, published: Sequence[OutboxEvent],
+                at: dt.datetime | None) -> None:
+        """``counts`` were added to ``relay.stats``; ``published`` are the events whose
+        publish was recorded among them, recorded at ``at`` (the repository's clock)."""
+
+    def round_finished(self, publish_seconds: float | None) -> None:
+        """A round ran to its end; its publish took ``publish_seconds`` (None: nothing was
+        claimed)."""
+
+    def outbox_stats(self, stats: OutboxStats) -> None:
+        """A fresh ``repository.stats()``."""
+
+
+def is_observer(obj: object) -> bool:
+    """Whether ``obj`` has the :class:`RelayObserver` methods and ``stats_every``."""
+    return (all(callable(getattr(obj, name, None))
+                for name in ("attach", "counted", "round_finished", "outbox_stats"))
+            and isinstance(getattr(obj, "stats_every", None), (int, float)))
 
 
 @dataclass
@@ -106,7 +142,7 @@ def _accumulate(total: RoundResult | RelayStats, part: RoundResult) -> None:
 class _Outcomes:
     """A published batch's outcomes, not recorded yet."""
 
-    ok: list[int]  # published: one mark_published_many
+    ok: list[OutboxEvent]  # published: one mark_published_many
     failed: list[tuple[OutboxEvent, BaseException]]  # one mark_failed each
     give_up_at: float  # time.monotonic() past which the claims have expired
 
@@ -159,7 +195,18 @@ class Relay:
     * ``reconnect_pause``, ``max_reconnect_pause``: the same after a lost database connection
       or a publish that raised (the publisher's ``ping()``, if it has one, is tried before the
       relay claims again);
-    * ``progress_every``: seconds between progress lines (logged at INFO; 0 for none).
+    * ``progress_every``: seconds between progress lines (logged at INFO; 0 for none);
+    * ``metrics``: a :class:`RelayObserver` told what happens (e.g.
+      :class:`outbox_lite.metrics.RelayMetrics`); the relay also reads ``repository.stats()``
+      for it every ``metrics.stats_every`` seconds while it runs;
+    * ``stuck_after``: seconds without progress of :meth:`run`'s loop after which it counts
+      as stuck (:meth:`progress_age`): a call into the database or the publisher that does
+      not return. Progress is a finished round, a reconnect attempt or a ping of the
+      publisher; the relay's own pauses (idle, reconnect, waiting for the publisher) count as
+      progress until they end, so an idle relay or one that waits out an outage is not
+      stuck. Default: ``lock_timeout`` (a batch is meant to be published and recorded within
+      it; the heartbeat renews the claims of one that takes longer, so nothing else would
+      notice a publish that never returns), at least 10 s (a connect attempt's timeout).
     """
 
     def __init__(
@@ -178,6 +225,8 @@ class Relay:
         reconnect_pause: float = 0.1,
         max_reconnect_pause: float = 5.0,
         progress_every: float = 10.0,
+        metrics: RelayObserver | None = None,
+        stuck_after: float | None = None,
     ) -> None:
         if not isinstance(repository, OutboxRepository):
             raise TypeError("repository must be an OutboxRepository")
@@ -202,10 +251,20 @@ class Relay:
         self.max_reconnect_pause = max(self.reconnect_pause,
                                        _seconds("max_reconnect_pause", max_reconnect_pause))
         self.progress_every = _seconds("progress_every", progress_every, allow_zero=True)
+        self.stuck_after = _seconds("stuck_after", stuck_after, max(self.lock_timeout, 10.0))
+        if metrics is not None and not is_observer(metrics):
+            raise TypeError("metrics must be a RelayObserver (e.g. outbox_lite.metrics."
+                            "RelayMetrics)")
+        self.metrics = metrics
         self.stats = RelayStats()
         self._database = repository.database
         self._heartbeat = _Heartbeat(repository, self.worker_id, self.heartbeat, self.stats)
         self._next_release = 0.0
+        self._next_stats = 0.0
+        self._running = False
+        self._progress_at = 0.0  # time.monotonic() of the loop's last progress (see _progress)
+        if metrics is not None:
+            metrics.attach(self)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -222,6 +281,8 @@ class Relay:
         reconnect_pause = self.reconnect_pause
         next_progress = time.monotonic() + self.progress_every
         carried: _Outcomes | None = None
+        self._running = True
+        self._progress()
         try:
             while not stop.is_set():
                 try:
@@ -230,6 +291,8 @@ class Relay:
                         self._record(carried, result)  # before a possibly long wait
                         carried = None
                         self._wait_for_publisher(stop)
+                    if self.metrics is not None and time.monotonic() >= self._next_stats:
+                        self._read_stats()
                     if result.claimed:
                         pause = 0.0
                     elif until_empty and self._empty():
@@ -237,6 +300,7 @@ class Relay:
                     else:
                         pause = min(self.max_idle_pause, pause * 2 or self.idle_pause)
                         started = time.monotonic()
+                        self._progress(waiting=pause)
                         stop.wait(pause)
                         self.stats.idle_seconds += time.monotonic() - started
                     reconnect_pause = self.reconnect_pause
@@ -248,18 +312,42 @@ class Relay:
                     logger.warning("relay %s lost the database connection (%s); reconnecting"
                                    " in %.1f s", self.worker_id, redact(str(exc)),
                                    reconnect_pause)
+                    self._progress(waiting=reconnect_pause)
                     stop.wait(reconnect_pause)
                     reconnect_pause = min(self.max_reconnect_pause, reconnect_pause * 2)
                     self._reconnect()
+                self._progress()
                 if self.progress_every and time.monotonic() >= next_progress:
                     self.log_progress()
                     next_progress = time.monotonic() + self.progress_every
         finally:
-            if carried is not None:
-                self._record(carried, None)
-            self.close()
-            if self.progress_every:
-                self.log_progress()
+            try:
+                if carried is not None:
+                    self._record(carried, None)
+                self.close()
+                if self.progress_every:
+                    self.log_progress()
+            finally:
+                self._running = False
+
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`run` is running."""
+        return self._running
+
+    def progress_age(self) -> float | None:
+        """Seconds since :meth:`run`'s loop last made progress (finished a round, or a step
+        of a wait for the database or the publisher); None when it is not running. Past
+        ``stuck_after``, the relay is stuck: a call into the database or the publisher has
+        not returned."""
+        if not self._running:
+            return None
+        return max(0.0, time.monotonic() - self._progress_at)
+
+    def _progress(self, *, waiting: float = 0.0) -> None:
+        """The loop made progress now, and is about to wait ``waiting`` seconds on purpose
+        (a pause is not a hang: its end counts as the progress)."""
+        self._progress_at = time.monotonic() + waiting
 
     def run_once(self) -> RoundResult:
         """One round: release (when due), claim, publish, record. Returns its counts.
@@ -286,25 +374,28 @@ class Relay:
             self._next_release = time.monotonic() + self.release_every
         started = time.monotonic()
         recorded = RoundResult()
+        published: list[OutboxEvent] = []
         with self._database.atomic():
             if carried is not None:
-                self._record_steps(carried.copy(), recorded)
+                self._record_steps(carried.copy(), recorded, published)
             batch = self.repository.claim_batch(self.worker_id, limit=self.batch_size,
                                                 ordered=self.ordered)
-        published = time.monotonic()
-        self.stats.claim_seconds += published - started
-        self._count(recorded)
+        self.stats.claim_seconds += time.monotonic() - started
+        self._count(recorded, published)  # committed: now it happened
         result.claimed = len(batch)
         outcomes = None
+        publish_seconds = None
         if batch:
-            failures = self._publish(batch, result)
-            self.stats.publish_seconds += time.monotonic() - published
+            failures, publish_seconds = self._publish(batch, result)
+            self.stats.publish_seconds += publish_seconds
             outcomes = _Outcomes(
-                ok=[e.id for e in batch if e.id not in failures],
+                ok=[e for e in batch if e.id not in failures],
                 failed=[(e, failures[e.id]) for e in batch if e.id in failures],
                 give_up_at=started + self.lock_timeout)
         self.stats.rounds += 1
         self._count(result)
+        if self.metrics is not None:
+            self.metrics.round_finished(publish_seconds)
         return result, outcomes
 
     def close(self) -> None:
@@ -312,36 +403,41 @@ class Relay:
         self._heartbeat.stop()
 
     def log_progress(self) -> None:
-        """Log one line of progress (never a payload or a credential)."""
+        """Log one line of progress (never a payload or a credential): the totals since the
+        relay was made, the same counts its metrics report."""
         s = self.stats
         elapsed = max(time.monotonic() - s.started, 1e-9)
-        logger.info("relay %s: %d published, %d retried, %d dead, %d lost, %d released"
-                    " (%.0f events/s; seconds in claim %.2f, publish %.2f, record %.2f,"
-                    " idle %.2f)", self.worker_id, s.published, s.retried, s.dead, s.lost,
-                    s.released, s.published / elapsed, s.claim_seconds, s.publish_seconds,
+        logger.info("relay %s: %d published, %d retried, %d dead, %d lost, %d released,"
+                    " %d publish errors in %d rounds (%.0f events/s; seconds in claim %.2f,"
+                    " publish %.2f, record %.2f, idle %.2f)", self.worker_id, s.published,
+                    s.retried, s.dead, s.lost, s.released, s.publish_errors, s.rounds,
+                    s.published / elapsed, s.claim_seconds, s.publish_seconds,
                     s.record_seconds, s.idle_seconds)
 
     # -- one batch --------------------------------------------------------------------------
 
     def _publish(self, batch: list[OutboxEvent],
-                 result: RoundResult) -> dict[int, BaseException]:
-        """The publisher's failures by event id; a raising publish fails the whole batch."""
+                 result: RoundResult) -> tuple[dict[int, BaseException], float]:
+        """The publisher's failures by event id (a raising publish fails the whole batch),
+        and the seconds the publish took."""
         self._heartbeat.hold([e.id for e in batch])
+        started = time.monotonic()
         try:
             failures = dict(self.publisher.publish(batch))
         except Exception as exc:  # noqa: BLE001 - the whole batch failed: recorded as such
             logger.warning("relay %s: publishing %d events failed: %s", self.worker_id,
                            len(batch), _error_message(exc))
             result.publish_errors = 1
-            return {event.id: exc for event in batch}
+            return {event.id: exc for event in batch}, time.monotonic() - started
         finally:
             self._heartbeat.release()
+        seconds = time.monotonic() - started
         ids = {event.id for event in batch}
         unknown = failures.keys() - ids
         if unknown:
             logger.warning("relay %s: the publisher reported %d failures for events not in"
                            " the batch; ignored", self.worker_id, len(unknown))
-        return {event_id: exc for event_id, exc in failures.items() if event_id in ids}
+        return {event_id: exc for event_id, exc in failures.items() if event_id in ids}, seconds
 
     def _record(self, outcomes: _Outcomes | None, result: RoundResult | None) -> None:
         """Record ``outcomes`` on their own (autocommit), retrying over lost connections
@@ -352,10 +448,11 @@ class Relay:
             return
         started = time.monotonic()
         counts = RoundResult()
+        published: list[OutboxEvent] = []
         pause = self.reconnect_pause
         while outcomes:
             try:
-                self._record_steps(outcomes, counts)  # each step done is done
+                self._record_steps(outcomes, counts, published)  # each step done is done
             except LockConflictError:
                 self.stats.lock_conflicts += 1
             except CONNECTION_ERRORS as exc:
@@ -366,22 +463,29 @@ class Relay:
                     break
                 logger.warning("relay %s: recording outcomes lost the connection (%s);"
                                " retrying in %.1f s", self.worker_id, redact(str(exc)), pause)
+                self._progress(waiting=pause)
                 time.sleep(pause)
                 pause = min(self.max_reconnect_pause, pause * 2)
                 self._reconnect()
+            self._progress()
         self.stats.record_seconds += time.monotonic() - started
-        self._count(counts)
+        self._count(counts, published)
         if result is not None:
             result.add(counts)
 
-    def _record_steps(self, outcomes: _Outcomes, counts: RoundResult) -> None:
+    def _record_steps(self, outcomes: _Outcomes, counts: RoundResult,
+                      published: list[OutboxEvent]) -> None:
         """mark_published_many for the successes, then mark_failed for each failure,
         taking each from ``outcomes`` once its statement ran (in autocommit: once it is
-        durable); counts what happened."""
+        durable); counts what happened, and adds the events recorded published to
+        ``published`` (when some claims were lost, which of the batch is not known: as many
+        as were recorded)."""
         if outcomes.ok:
-            recorded = self.repository.mark_published_many(outcomes.ok, self.worker_id)
+            recorded = self.repository.mark_published_many([e.id for e in outcomes.ok],
+                                                           self.worker_id)
             counts.published += recorded
             counts.lost += len(outcomes.ok) - recorded
+            published.extend(outcomes.ok[:recorded])
             outcomes.ok = []
         while outcomes.failed:
             event, exc = outcomes.failed[0]
@@ -401,12 +505,17 @@ class Relay:
                      " will be published again", self.worker_id, len(outcomes))
         counts.lost += len(outcomes)
 
-    def _count(self, counts: RoundResult) -> None:
-        """Add a round's (or a record's) counts to the totals, and warn of lost claims."""
+    def _count(self, counts: RoundResult, published: Sequence[OutboxEvent] = ()) -> None:
+        """Add a round's (or a record's) counts to the totals, tell the metrics, and warn of
+        lost claims: the one way into ``stats``' counts, so progress lines and metrics say
+        the same."""
         if counts.lost:
             logger.warning("relay %s: %d claims had expired and were taken over before their"
                            " outcome was recorded", self.worker_id, counts.lost)
         self.stats.add(counts)
+        if self.metrics is not None:
+            self.metrics.counted(counts, published,
+                                 self.repository.clock() if published else None)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -418,8 +527,9 @@ class Relay:
         ping = getattr(self.publisher, "ping", None)
         pause = self.reconnect_pause
         started = time.monotonic()
-        while not stop.wait(pause):
-            if not callable(ping):
+        while True:
+            self._progress(waiting=pause)
+            if stop.wait(pause) or not callable(ping):
                 break
             try:
                 ping()
@@ -432,9 +542,17 @@ class Relay:
         self.stats.idle_seconds += time.monotonic() - started
 
     def _empty(self) -> bool:
-        stats = self.repository.stats()
+        stats = self._read_stats()
         left = stats.counts["pending"] + stats.counts["processing"]
         return left == (stats.held_back if self.ordered else 0)
+
+    def _read_stats(self) -> OutboxStats:
+        """``repository.stats()``, handed to the metrics too."""
+        stats = self.repository.stats()
+        if self.metrics is not None:
+            self.metrics.outbox_stats(stats)
+            self._next_stats = time.monotonic() + self.metrics.stats_every
+        return stats
 
     def _reconnect(self) -> None:
         """A new connection, or (server unreachable) none: the next round tries again."""

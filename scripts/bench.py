@@ -15,9 +15,13 @@ baseline (same SQL work, no ORM), and the median of the rounds' ratios library/r
   events (400 aggregates x 10), 4 processes, and the worst case (one hot aggregate);
 * ordered-latency: claim_batch(ordered=True) latency against the unordered claim's, each on a
   table of 200,000 published and 10,000 pending events over 2,000 aggregates;
+* commit: durable commits per second of one connection (an autocommit INSERT, raw PyMySQL, no
+  library): what the server's commit costs, which bounds every flow that holds a lock across a
+  commit (MySQL's default binary log adds a second fsync to each);
 * ordered-hot: one aggregate of N pending events (--hot-sizes, default 2,000 and 8,000), 20
   rounds of claim_batch(ordered=True) + publish: seconds for the 20 (the case that was
-  quadratic on MySQL);
+  quadratic on MySQL), and the part of them spent inside claim_batch (its SQL, without the
+  round's two durable commits, which the commit measure prices);
 * relay, relay-latency: outbox-lite relay to BullMQ against Queue.addBulk alone and a raw
   twin, and the COMMIT-to-Redis latency (scripts/bench_relay.py, which runs them alone too).
 
@@ -267,22 +271,37 @@ class Bench:
             raise AssertionError(f"{impl.__name__} published {published} of {events}")
         return events / elapsed
 
-    def ordered_hot(self, pending: int, rounds: int = 20, limit: int = 100) -> float:
+    def commit_rate(self, commits: int = 500) -> float:
+        """Autocommit INSERTs per second on one raw connection: the server's durable commit."""
+        self.reset()
+        with self.admin.conn.cursor() as cur:
+            started = time.perf_counter()
+            for n in range(commits):
+                cur.execute("INSERT INTO job (name) VALUES (%s)", (f"commit-{n}",))
+            return commits / (time.perf_counter() - started)
+
+    def ordered_hot(self, pending: int, rounds: int = 20, limit: int = 100,
+                    ) -> tuple[float, float]:
         """Seconds for ``rounds`` rounds of claim_batch(ordered=True) + mark_published_many,
-        one connection, on one aggregate of ``pending`` pending events: each round claims the
-        aggregate's one head, past the whole backlog."""
+        one connection, on one aggregate of ``pending`` pending events (each round claims the
+        aggregate's one head, past the whole backlog); and the seconds of those spent inside
+        claim_batch itself, the claim's SQL without the two durable commits a round makes."""
         self.reset()
         self.seed(pending, aggregates=1)
         self.sql("ANALYZE TABLE outbox_event")
         client = Ordered(self.url, self.window)
+        in_claims = 0.0
         started = time.perf_counter()
         for _ in range(rounds):
-            claimed = client.claim("hot", limit)
+            with client.db.atomic():
+                claim_started = time.perf_counter()
+                claimed = client.repo.claim_batch("hot", limit=limit, ordered=True)
+                in_claims += time.perf_counter() - claim_started
             assert len(claimed) == 1, len(claimed)
             client.publish_many([event.id for event in claimed], "hot")
         elapsed = time.perf_counter() - started
         client.close()
-        return elapsed
+        return elapsed, in_claims
 
     def write_throughput(self, block: int = 50) -> dict[type, float]:
         """Business row + event transactions per second for the library, the raw baseline
@@ -386,7 +405,7 @@ def _median_pair(rounds: int, first: Callable[[], float], second: Callable[[], f
             statistics.median(x / y for x, y in zip(a, b)))
 
 
-MEASURES = ("claim", "claim-many", "write", "latency", "ordered", "ordered-latency",
+MEASURES = ("commit", "claim", "claim-many", "write", "latency", "ordered", "ordered-latency",
             "ordered-hot", "relay", "relay-latency")
 Row = tuple[str, float, float, float, str, "bool | None"]
 
@@ -507,6 +526,10 @@ def _run(base: DatabaseUrl, args: argparse.Namespace, measure: str,
                       window=args.claim_window, threads=args.threads)
         rows: list[Row] = []
         report: dict[str, Any] = {}
+        if "commit" in only:
+            rate = statistics.median(bench.commit_rate() for _ in range(args.rounds))
+            rows.append(("durable commits/s, one raw connection", rate, math.nan, math.nan,
+                         "reference", None))
         if "claim" in only:
             lib, raw, ratio = _median_pair(args.rounds,
                                            lambda: bench.claim_throughput(Library),
@@ -552,9 +575,13 @@ def _run(base: DatabaseUrl, args: argparse.Namespace, measure: str,
                          hot / raw, "reference", None))
         if "ordered-hot" in only:
             for size in args.hot_sizes:
-                seconds = statistics.median(bench.ordered_hot(size) for _ in range(3))
-                rows.append((f"ordered claim+publish x20, one aggregate of {size}", seconds,
-                             math.nan, math.nan, "seconds, no raw side", None))
+                runs = [bench.ordered_hot(size) for _ in range(args.rounds)]
+                rows.append((f"ordered claim+publish x20, one aggregate of {size}",
+                             statistics.median(run[0] for run in runs), math.nan, math.nan,
+                             "seconds, no raw side", None))
+                rows.append(("  of which inside claim_batch (no commits)",
+                             statistics.median(run[1] for run in runs), math.nan, math.nan,
+                             "seconds", None))
         if "ordered-latency" in only:
             ordered, unordered = ordered_claim_latency(
                 (url, loaded_url), args.rounds, args.batch, published=args.loaded_rows,

@@ -44,3 +44,20 @@ def insert_key(url: str, key: str, barrier: Any, results: Any) -> None:
         results.put(f"error: {type(exc).__name__}: {exc}")
     finally:
         database.close()
+
+
+def command(argv: list[str], stderr_path: str) -> None:
+    """``outbox-lite ARGV`` in this process, its stderr going to ``stderr_path`` and its exit
+    status to ``stderr_path + ".status"``, then exits with it (for processes forked by a
+    forkserver that imported the CLI once). The status file, because a forkserver under load
+    may lose a child's status and report 255 (python/cpython#140867)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
+    from outbox_lite.cli import main
+
+    status = main(argv)
+    Path(stderr_path + ".status").write_text(str(status))
+    sys.exit(status)

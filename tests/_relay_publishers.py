@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from outbox_lite.publishers.bullmq import BullMQPublisher
-
 
 class _Hanging:
     """Publishes its batches like any relay's publisher (BullMQ's, RabbitMQ's, NATS's), but
@@ -41,6 +39,7 @@ class _Hanging:
 
 
 def hanging_bullmq() -> _Hanging:
+    from outbox_lite.publishers.bullmq import BullMQPublisher  # only here: it costs 0.1 s
     return _Hanging(BullMQPublisher(os.environ["OUTBOX_TEST_REDIS_URL"],
                                     os.environ["OUTBOX_TEST_QUEUE"]))
 
@@ -84,3 +83,89 @@ def gated() -> _Gated:
 
 def not_a_publisher() -> object:
     return object()
+
+
+class Unavailable(Exception):
+    """A broker's temporary refusal: the event is retried."""
+
+    error_code = "unavailable"
+
+
+class Rejected(Exception):
+    """A broker's final refusal: the event becomes a dead letter at once."""
+
+    retryable = False
+    error_code = "rejected"
+
+
+class _Flaky:
+    """Publishes nothing anywhere, and fails events by their id, so a test can tell the
+    ledger in advance: an id divisible by 11 is rejected for good (a dead letter at once),
+    one divisible by 5 is unavailable on its first attempt (retried, then published); every
+    other event is published at its first attempt."""
+
+    def publish(self, events: Sequence[Any]) -> Mapping[int, BaseException]:
+        failures: dict[int, BaseException] = {}
+        for event in events:
+            if event.id % 11 == 0:
+                failures[event.id] = Rejected("the broker refused the message for good")
+            elif event.id % 5 == 0 and event.attempt_count == 1:
+                failures[event.id] = Unavailable("the broker is busy; try again")
+        return failures
+
+    def close(self) -> None:
+        pass
+
+
+def flaky() -> _Flaky:
+    return _Flaky()
+
+
+def _inside_stop_waits(action: Any) -> None:
+    """Call ``action()`` in this (the relay's main) thread each time ``Relay.run`` waits on
+    its stop Event, at the instant the thread holds that Event's lock (inside
+    ``Event.wait()``, entering ``Condition.wait()``: the instant of issue 17's py-spy stack,
+    where a handler that calls ``Event.set()`` deadlocks). ``action`` returns False to stop
+    watching."""
+    import sys
+    import threading
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        caller = frame.f_back
+        if (event == "call" and frame.f_code is threading.Condition.wait.__code__
+                and caller is not None and caller.f_code is threading.Event.wait.__code__
+                and caller.f_back is not None and caller.f_back.f_code.co_name == "run"
+                and caller.f_back.f_code.co_filename.endswith("relay.py")):
+            assert caller.f_locals["self"]._cond._lock.locked()  # held by this thread
+            if action() is False:
+                sys.settrace(None)
+        return None
+
+    sys.settrace(tracer)
+
+
+def sigterm_inside_event_wait() -> _Flaky:
+    """A flaky publisher in a relay that raises SIGTERM in its own main thread inside its
+    first wait on the stop Event, holding that Event's lock; then it writes
+    ``$OUTBOX_TEST_MARKER``."""
+    marker = Path(os.environ["OUTBOX_TEST_MARKER"])
+
+    def raise_sigterm() -> bool:
+        signal.raise_signal(signal.SIGTERM)  # the handler runs before this returns
+        marker.write_text("raised inside Event.wait")
+        return False
+
+    _inside_stop_waits(raise_sigterm)
+    return _Flaky()
+
+
+def slow_stop_waits() -> _Flaky:
+    """A flaky publisher in a relay whose every wait on its stop Event holds that Event's
+    lock 20 ms longer (a main thread descheduled there, made likely): a signal sent at a
+    random instant lands in that window often enough to find a handler that needs the lock."""
+
+    def linger() -> None:
+        time.sleep(0.02)  # a signal arriving now runs its handler here, the lock held
+
+    _inside_stop_waits(linger)
+    return _Flaky()

@@ -216,7 +216,11 @@ def _cli(*args, env=None, **kwargs):
     (["dead-letters", "--requeue", "--id", "0"], "'0' is not an event id"),
     (["dead-letters", "--delete"], "--delete needs the dead letters named"),
     (["dead-letters", "--delete", "--all", "--error-code", "x"], "--all selects every"),
-    (["dead-letters", "--id", "3"], "one of the arguments --requeue --delete is required"),
+    (["dead-letters", "--id", "3", "--all"], "--all and --dry-run go with --requeue or"),
+    (["dead-letters", "--dry-run"], "--all and --dry-run go with --requeue or --delete"),
+    (["dead-letters", "--requeue", "--limit", "3"], "--limit and --json go with the listing"),
+    (["dead-letters", "--delete", "--all", "--json"], "--limit and --json go with the list"),
+    (["dead-letters", "--limit", "0"], "must be at least 1"),
     (["contention", "--workers", "x"], "'x' is not a whole number"),
 ])
 def test_bad_flags_are_one_line_without_internal_names(args, words):

@@ -122,9 +122,13 @@ def test_a_duplicate_from_a_race_holds_up_writers_until_the_refused_transaction_
     with first.atomic():
         first_repo.create_in_transaction(**EVENT, dedupe_key="race")
 
+        racer_connection: list[int] = []
+
         def racer() -> None:
             other, other_repo = _other_writer(db_url)  # connections are per thread
             try:
+                racer_connection.append(
+                    db.execute_sql("SELECT CONNECTION_ID()").fetchone()[0])
                 with db.atomic():
                     try:
                         repo.create_in_transaction(**EVENT, dedupe_key="race")
@@ -144,8 +148,9 @@ def test_a_duplicate_from_a_race_holds_up_writers_until_the_refused_transaction_
         thread = threading.Thread(target=racer)
         thread.start()
         deadline = time.monotonic() + 10
-        while not fetch("SELECT 1 FROM information_schema.innodb_trx"
-                        " WHERE trx_state = 'LOCK WAIT'") and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (racer_connection and fetch(
+                "SELECT 1 FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+                " AND trx_mysql_thread_id = %s", racer_connection[0])):
             time.sleep(0.01)  # until the racer's INSERT waits on ours
     thread.join(timeout=30)
     first.close()

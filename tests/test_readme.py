@@ -143,6 +143,23 @@ def test_the_nats_snippet_runs_as_written_and_prints_what_it_says(db_url, fetch,
     assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
 
 
+def test_the_metrics_snippet_runs_after_the_relay_snippets_setup(db_url, fetch, tmp_path,
+                                                                 queue):
+    """The metrics block in place of the relay block's last two lines: it publishes the
+    setup's event and prints the counter that says so."""
+    [metrics_block] = [b for b in _python_blocks() if "RelayMetrics(registry)" in b]
+    setup = _relay_block().split("with BullMQPublisher(")[0]
+    script = tmp_path / "readme_metrics.py"
+    script.write_text((setup + metrics_block).replace(CONNECT, _ours(db_url))
+                      .replace('"domain-events"', repr(queue))
+                      .replace("metrics.serve(9464)", "metrics.serve(0)"), encoding="utf-8")
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "1.0\n"
+    assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
+
+
 def test_the_inbox_snippet_runs_as_written(db_url, fetch, tmp_path):
     """Run twice: the second run's first delivery is a redelivery too, and writes nothing."""
     [block] = [b for b in _python_blocks() if 'Inbox(db, "billing")' in b]
