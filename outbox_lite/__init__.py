@@ -12,6 +12,7 @@ from .errors import (
     PayloadError,
     TransactionRequiredError,
 )
+from .inbox import Inbox
 from .models import OutboxEvent, OutboxStatus
 from .repository import OutboxRepository, OutboxStats
 
@@ -21,6 +22,7 @@ __all__ = [
     "ConnectionLostError",
     "CredentialInPayloadError",
     "DuplicateEventError",
+    "Inbox",
     "InvalidEventError",
     "LockConflictError",
     "OutboxError",

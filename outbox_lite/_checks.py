@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import peewee as pw
 
@@ -155,3 +155,31 @@ def bounded_text(field: str, value: Any, max_bytes: int) -> str:
     marker = " …[truncated]"
     room = max_bytes - len(marker.encode("utf-8"))
     return data[:room].decode("utf-8", "ignore") + marker
+
+
+def utc_now() -> dt.datetime:
+    """The default clock: the current instant, aware, in UTC."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _naive_utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def clock(value: Any) -> Callable[[], dt.datetime]:
+    """A reader of ``value()`` as naive UTC, the form stored in ``DATETIME(6)``.
+
+    Raises TypeError when ``value`` is not callable. A clock other than :func:`utc_now` is
+    called once now and checked on every reading (InvalidEventError unless it returns an
+    aware datetime within DATETIME's range), so a test's clock cannot store a wrong instant.
+    """
+    if not callable(value):
+        raise TypeError("clock must be a callable returning an aware datetime")
+    if value is utc_now:
+        return _naive_utc_now
+
+    def now() -> dt.datetime:
+        return instant("clock()", value())
+
+    now()
+    return now

@@ -1,5 +1,6 @@
 """The database plumbing: ``mysql://`` URLs for the command line and the contention suite, and
-the one rule for a connection that broke (:func:`lost_connection`, :func:`reconnect`).
+the one rule for a connection that broke (:func:`lost_connection`, :func:`reconnect`), and
+:func:`execute`, which runs one statement of the repository or the inbox under those rules.
 
 A URL's password is never shown: errors about a URL quote none of its text, and ``str()``
 masks the password (and ``ssl_key_password``). :func:`tls_failure` says in one line why a
@@ -14,14 +15,14 @@ import os
 import re
 import ssl
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 from urllib.parse import quote, unquote
 
 import peewee as pw
 import pymysql
 
 from ._compat import MySQLDatabase
-from .errors import ConnectionLostError, OutboxError, driver_errno
+from .errors import ConnectionLostError, LockConflictError, OutboxError, driver_errno
 
 logger = logging.getLogger(__name__)
 
@@ -432,3 +433,19 @@ def reconnect(database: pw.Database) -> bool:
         _drop(database)
         return False
     return True
+
+
+def execute(database: pw.Database, sql: str, params: Sequence[Any]) -> Any:
+    """Run one statement on ``database`` and return its cursor. A deadlock (1213) or a
+    lock-wait timeout (1205) raises LockConflictError; a broken connection raises
+    :func:`lost_connection`'s ConnectionLostError; anything else Peewee's own error."""
+    try:
+        return database.execute_sql(sql, params)
+    except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
+        errno = driver_errno(exc)
+        if errno in (1205, 1213):
+            raise LockConflictError(errno, str(getattr(exc, "orig", exc))) from exc
+        lost = lost_connection(database, exc)
+        if lost is not None:
+            raise lost from exc
+        raise

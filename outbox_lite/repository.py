@@ -21,12 +21,11 @@ import peewee as pw
 
 from . import _checks
 from . import _sql as sql
-from ._db import lost_connection
+from ._db import execute
 from .backoff import Backoff
 from .errors import (
     DuplicateEventError,
     InvalidEventError,
-    LockConflictError,
     TransactionRequiredError,
     driver_errno,
 )
@@ -140,17 +139,9 @@ class OutboxRepository:
                 "(with database.atomic(): ...)")
 
     def _execute(self, sql: str, params: Sequence[Any]) -> Any:
-        """Run one statement; translate lock conflicts and lost connections to our errors."""
-        try:
-            return self.database.execute_sql(sql, params)
-        except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
-            errno = driver_errno(exc)
-            if errno in (1205, 1213):
-                raise LockConflictError(errno, str(getattr(exc, "orig", exc))) from exc
-            lost = lost_connection(self.database, exc)
-            if lost is not None:
-                raise lost from exc
-            raise
+        """Run one statement; lock conflicts and lost connections become our errors
+        (:func:`outbox_lite._db.execute`, shared with the inbox)."""
+        return execute(self.database, sql, params)
 
     def _event(self, row: Sequence[Any], changes: dict[str, Any] | None = None) -> OutboxEvent:
         """An event from a row of :data:`COLUMNS` (with ``changes`` applied), read as

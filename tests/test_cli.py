@@ -49,6 +49,8 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
                     " AND table_name = 'outbox_event'", (fresh_url.name,))
         assert cur.fetchone() == (1,)
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
+        assert "rolled back 004_create_inbox_message" in capsys.readouterr().out
+        assert main(["migrate", "--rollback", "--database-url", raw]) == 0
         assert "rolled back 003_status_index_covers_aggregate" in capsys.readouterr().out
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
         assert "rolled back 002_aggregate_index_published_at" in capsys.readouterr().out
@@ -309,7 +311,7 @@ def test_a_rollback_that_works_prints_no_warning(fresh_url):
     assert _run("--database-url", raw).returncode == 0
     result = _run("--rollback", "--database-url", raw)
     assert result.returncode == 0
-    assert result.stdout.strip() == "rolled back 003_status_index_covers_aggregate"
+    assert result.stdout.strip() == "rolled back 004_create_inbox_message"
     assert result.stderr == ""
 
 
@@ -364,7 +366,7 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
     assert result.returncode == 1 and result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert f"user {user} lacks the " in result.stderr
-    assert "privilege on table outbox_event" in result.stderr
+    assert "privilege on table inbox_message" in result.stderr  # 004's DROP TABLE
     with conn.cursor() as cur:
         cur.execute("SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = %s"
                     " AND index_name = 'ix_outbox_event_aggregate' AND column_name ="
@@ -379,9 +381,11 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert f"user {user} lacks the ALTER privilege on table outbox_event" in result.stderr
     with conn.cursor() as cur:
-        cur.execute(f"SELECT name FROM `{fresh_url.name}`.outbox_lite_migrations")
+        cur.execute(f"SELECT name FROM `{fresh_url.name}`.outbox_lite_migrations"
+                    " ORDER BY name")
         assert cur.fetchall() == (("001_create_outbox_event",),
-                                  ("002_aggregate_index_published_at",))
+                                  ("002_aggregate_index_published_at",),
+                                  ("004_create_inbox_message",))
 
 
 def test_rollback_by_a_user_without_rights_on_the_database_is_refused(fresh_url, dml_user):
@@ -396,7 +400,8 @@ def test_rollback_by_a_user_without_rights_on_the_database_is_refused(fresh_url,
         assert result.returncode == 1 and result.stdout == ""
         assert result.stderr.strip() == (f"outbox-lite migrate: error: access denied to "
                                           f"database {name} for user {user}")
-    assert _schemas_and_tables(fresh_url) == (1, ["outbox_event", "outbox_lite_migrations"])
+    assert _schemas_and_tables(fresh_url) == (1, ["inbox_message", "outbox_event",
+                                                  "outbox_lite_migrations"])
     # Whoever may know is told: a database that does not exist has nothing to roll back.
     result = _run("--database-url", _url_of(fresh_url.with_name(f"{fresh_url.name}_no")),
                   "--rollback")
@@ -422,7 +427,8 @@ def test_the_python_api_refuses_to_read_a_history_it_may_not_see(fresh_url, dml_
             assert info.value.args[0] == 1142 or "1142" in str(info.value)
     finally:
         database.close()
-    assert _schemas_and_tables(fresh_url) == (1, ["outbox_event", "outbox_lite_migrations"])
+    assert _schemas_and_tables(fresh_url) == (1, ["inbox_message", "outbox_event",
+                                                  "outbox_lite_migrations"])
 
 
 @pytest.mark.parametrize("url", [

@@ -158,3 +158,19 @@ def test_the_metrics_snippet_runs_after_the_relay_snippets_setup(db_url, fetch, 
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == "1.0\n"
     assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
+
+
+def test_the_inbox_snippet_runs_as_written(db_url, fetch, tmp_path):
+    """Run twice: the second run's first delivery is a redelivery too, and writes nothing."""
+    [block] = [b for b in _python_blocks() if 'Inbox(db, "billing")' in b]
+    assert block.count(CONNECT) == 1
+    script = tmp_path / "readme_inbox.py"
+    script.write_text(block.replace(CONNECT, _ours(db_url)), encoding="utf-8")
+    for expected in ("True\nFalse\n", "False\nFalse\n"):
+        result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout == expected
+    assert fetch("SELECT order_id FROM payment") == [{"order_id": 42}]
+    assert fetch("SELECT consumer, message_id FROM inbox_message") == [
+        {"consumer": "billing", "message_id": "outbox-order.paid%3A42"}]

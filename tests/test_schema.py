@@ -13,7 +13,7 @@ from outbox_lite._server import server_of
 from outbox_lite.models import COLUMNS, OutboxEvent
 
 MIGRATIONS = ["001_create_outbox_event", "002_aggregate_index_published_at",
-              "003_status_index_covers_aggregate"]
+              "003_status_index_covers_aggregate", "004_create_inbox_message"]
 EXPECTED_TYPES = {
     "id": "bigint", "event_type": "varchar(255)", "aggregate_type": "varchar(255)",
     "aggregate_id": "varchar(255)", "dedupe_key": "varchar(255)", "status": "varchar(16)",
@@ -105,6 +105,7 @@ def test_migrate_twice_is_a_no_op_and_rollback_undoes_one_migration_at_a_time(db
     database = db_url.database()
     assert schema.migrate(database) == []  # the fixture migrated already
     assert schema.applied(database) == MIGRATIONS
+    assert schema.rollback(database) == "004_create_inbox_message"
     assert schema.rollback(database) == "003_status_index_covers_aggregate"
     assert _index(fetch, STATUS_INDEX) == ["status", "available_at"]
     assert schema.rollback(database) == "002_aggregate_index_published_at"
@@ -125,10 +126,12 @@ def test_the_index_migrations_keep_the_rows_of_a_table_in_use(db_url, repo, fetc
     from conftest import seed
     ids = seed(repo, 50)
     database = db_url.database()
+    assert schema.rollback(database) == "004_create_inbox_message"
     assert schema.rollback(database) == "003_status_index_covers_aggregate"
     assert schema.rollback(database) == "002_aggregate_index_published_at"
     assert schema.migrate(database) == ["002_aggregate_index_published_at",
-                                        "003_status_index_covers_aggregate"]
+                                        "003_status_index_covers_aggregate",
+                                        "004_create_inbox_message"]
     database.close()
     assert [r["id"] for r in fetch("SELECT id FROM outbox_event ORDER BY id")] == ids
     assert fetch("CHECK TABLE outbox_event")[0]["Msg_text"] == "OK"

@@ -1,0 +1,30 @@
+"""Create ``inbox_message``: the consumers' inbox (``outbox_lite.inbox``), one row per message a
+consumer has handled.
+
+The primary key (consumer, message_id) is what ``Inbox.accept`` inserts into: its duplicate
+check is the whole mechanism. Both columns compare exactly (binary collation; leading and
+trailing white space is refused before any SQL, since a PAD SPACE collation ignores trailing
+spaces), and at 4 bytes a character 64 + 704 characters fill InnoDB's 3,072-byte key.
+``received_at`` (UTC, microseconds) is indexed for ``purge``, which pages through it.
+
+One DDL statement, because MySQL DDL is not transactional; a service that never uses the
+inbox pays for an empty table and nothing else (no trigger, no foreign key).
+"""
+
+CREATE_INBOX_MESSAGE = """
+CREATE TABLE inbox_message (
+    consumer    VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    message_id  VARCHAR(704) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    received_at DATETIME(6)  NOT NULL,
+    PRIMARY KEY (consumer, message_id),
+    KEY ix_inbox_message_received_at (received_at)
+) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci
+"""
+
+
+def migrate(migrator, database, *, fake=False):
+    migrator.sql(CREATE_INBOX_MESSAGE)
+
+
+def rollback(migrator, database, *, fake=False):
+    migrator.sql("DROP TABLE inbox_message")

@@ -1,0 +1,196 @@
+"""The inbox: each message handled once by a consumer (the consumer's half of the outbox).
+
+``Inbox(database, consumer).accept(message_id)`` records, in the consumer's own transaction,
+that ``consumer`` has handled ``message_id``, so that a redelivered message changes nothing.
+It is one INSERT into ``inbox_message``, whose primary key is (``consumer``, ``message_id``),
+and how InnoDB locks that INSERT is the whole design (measured on MariaDB 10.11 and MySQL 9.7,
+under READ COMMITTED, REPEATABLE READ and SERIALIZABLE; ``tests/test_inbox_locks.py``):
+
+* **A new id** inserts its row: True. InnoDB takes an insert-intention lock on the gap, which
+  waits only for a gap lock, and nothing the inbox runs holds one; the new record's own lock
+  makes only a second delivery of the same id wait.
+* **An id a committed transaction recorded** fails on the primary key (1062): False. MySQL
+  rolls back that statement alone, so the caller's transaction goes on; InnoDB keeps a shared
+  lock on that one record (``S,REC_NOT_GAP``, the clustered index's duplicate check, on both
+  servers at every isolation level), which other redeliveries of the id share and no other id
+  ever meets.
+* **An id another open transaction has just inserted** makes the INSERT wait for that
+  transaction: False once it commits, True once it rolls back, LockConflictError (1205, 1213)
+  when it takes longer than ``innodb_lock_wait_timeout`` or two waiters deadlock.
+
+No read comes first. A locking read of a missing key (``SELECT … FOR UPDATE``, ``FOR SHARE``,
+``SKIP LOCKED`` and ``NOWAIT`` alike) takes a gap lock under REPEATABLE READ, and every insert of
+a neighbouring id would wait for the caller's commit; under SERIALIZABLE even a plain SELECT is
+such a read. ``INSERT IGNORE`` locks as the INSERT does, and ``ON DUPLICATE KEY UPDATE`` takes
+an exclusive lock that makes redeliveries of one id wait for each other.
+
+One case InnoDB makes wait, whatever the statement: when a delivery waited for a racing twin
+that then rolled back, the server hands the waiter's lock on to the gap the twin's row leaves
+(lock inheritance, at every isolation level): that transaction then holds a gap lock until it
+ends, and inserts of ids sorting in that gap wait for it (``README``, "How the inbox locks").
+
+``purge`` deletes old records in autocommit, a page of keys at a time read lock-free through
+the ``received_at`` index, each page deleted by primary key in statements that commit alone.
+Nothing here opens, commits or rolls back a transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import logging
+import operator
+from typing import Any, Callable
+
+import peewee as pw
+
+from . import _checks
+from ._db import execute
+from .errors import OutboxError, TransactionRequiredError, driver_errno
+
+__all__ = ["Inbox", "MAX_CONSUMER_LENGTH", "MAX_MESSAGE_ID_LENGTH", "TABLE_NAME",
+           "count_older_than", "purge"]
+
+logger = logging.getLogger(__name__)
+
+TABLE_NAME = "inbox_message"
+#: Lengths in characters. The primary key holds both at up to 4 bytes a character (utf8mb4),
+#: and 4 × (64 + 704) is InnoDB's limit for one key, 3,072 bytes.
+MAX_CONSUMER_LENGTH = 64
+MAX_MESSAGE_ID_LENGTH = 704
+
+_INSERT = f"INSERT INTO {TABLE_NAME} (consumer, message_id, received_at) VALUES (%s, %s, %s)"
+_BY_AGE = f"{TABLE_NAME} FORCE INDEX (ix_{TABLE_NAME}_received_at)"
+# Multi-table form: a single-table DELETE takes no index hint, and by primary key each row
+# is a record lock with no gap (a range on received_at would lock gaps new records go into).
+_DELETE = (f"DELETE m FROM {TABLE_NAME} AS m FORCE INDEX (PRIMARY)"
+           " WHERE m.consumer = %s AND m.message_id IN ({ids}) AND m.received_at < %s")
+_CONSUMER = operator.itemgetter(1)
+
+
+def _consumer(value: Any) -> str:
+    return _checks.name("consumer", value, MAX_CONSUMER_LENGTH)
+
+
+class Inbox:
+    """The inbox of one ``consumer`` on one Peewee ``database`` (the object the consumer opens
+    ``atomic()`` on).
+
+    ``consumer`` names the consumer (a service, or one handler of it): 1–64 printable
+    characters without leading or trailing white space, compared exactly; two consumers of
+    one message each handle it once. ``clock`` returns the current aware datetime (inject one
+    in tests). Raises TypeError for a database that is not MySQL/MariaDB's (or not utf8mb4)
+    and InvalidEventError for a bad ``consumer``, before any SQL.
+    """
+
+    def __init__(self, database: pw.Database, consumer: str, *,
+                 clock: Callable[[], dt.datetime] = _checks.utc_now) -> None:
+        self.database = _checks.database(database)
+        self.consumer = _consumer(consumer)
+        self._now = _checks.clock(clock)
+        self.clock = clock
+
+    def __repr__(self) -> str:
+        return f"<Inbox consumer={self.consumer!r}>"
+
+    def accept(self, message_id: str) -> bool:
+        """Record that this consumer handles ``message_id``, in the caller's open transaction.
+
+        True the first time: the record commits or rolls back with the caller's transaction.
+        False when a committed transaction recorded it already (or this one did): nothing
+        changed, and the caller's transaction stays usable. While another open transaction
+        holds the same id, it waits for that one to end: False once it commits, True if it
+        rolls back. Raises TransactionRequiredError outside a transaction and
+        InvalidEventError for a ``message_id`` that is not 1–704 printable characters without
+        leading or trailing white space, both before any SQL; LockConflictError when the
+        wait ends in a lock-wait timeout or a deadlock (retry the whole transaction).
+        """
+        if not self.database.in_transaction():
+            raise TransactionRequiredError(
+                "accept() must run inside the caller's transaction (with database.atomic():"
+                " ...), so that the record commits or rolls back with the consumer's writes")
+        message_id = _checks.name("message_id", message_id, MAX_MESSAGE_ID_LENGTH)
+        try:
+            execute(self.database, _INSERT, (self.consumer, message_id, self._now()))
+        except pw.IntegrityError as exc:
+            if driver_errno(exc) == 1062:  # the primary key, the table's one unique key
+                return False
+            raise
+        return True
+
+    def purge(self, older_than: dt.timedelta | float, *, batch_size: int = 1000) -> int:
+        """Delete this consumer's records received more than ``older_than`` ago (a timedelta
+        or seconds), in autocommit; see :func:`purge`. Returns how many were deleted."""
+        return purge(self.database, older_than, consumer=self.consumer, batch_size=batch_size,
+                     clock=self.clock)
+
+
+def _cutoff(older_than: Any, consumer: Any,
+            clock: Callable[[], dt.datetime]) -> tuple[dt.datetime, str | None]:
+    age = _checks.duration("older_than", older_than)
+    consumer = None if consumer is None else _consumer(consumer)
+    return _checks.before("older_than", _checks.clock(clock)(), age), consumer
+
+
+def purge(database: pw.Database, older_than: dt.timedelta | float, *,
+          consumer: str | None = None, batch_size: int = 1000,
+          clock: Callable[[], dt.datetime] = _checks.utc_now) -> int:
+    """Delete the inbox records of ``consumer`` (None: of every consumer) received more than
+    ``older_than`` ago, ``batch_size`` rows per page. Returns how many were deleted.
+
+    Runs in autocommit only (OutboxError inside a transaction, before any SQL): each DELETE
+    then commits alone and holds its record locks for one statement. Inside a transaction
+    every deleted record would stay locked until the caller's commit, and a key deleted by a
+    concurrent purge would leave a gap lock that makes new accepts wait. A record a consumer
+    holds (a redelivery answered False in a transaction still open) makes its DELETE wait for
+    that transaction (LockConflictError after ``innodb_lock_wait_timeout``: run it again).
+    """
+    database = _checks.database(database)
+    if database.in_transaction():
+        raise OutboxError(
+            "purge() runs in autocommit, outside any transaction: each batch commits alone, "
+            "so no record stays locked longer than one statement")
+    cutoff, consumer = _cutoff(older_than, consumer, clock)
+    batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
+    where = "received_at < %s"
+    params: list[Any] = [cutoff]
+    if consumer is not None:
+        where += " AND consumer = %s"
+        params.append(consumer)
+    # Pages in received_at order (ORDER BY the key columns too would sort the whole range on
+    # both servers), each starting at the previous page's last instant: the rows of that
+    # page are deleted, so a fresh read skips them, and the index is walked once.
+    select = f"SELECT received_at, consumer, message_id FROM {_BY_AGE} WHERE {where}"
+    deleted = 0
+    since: dt.datetime | None = None
+    while True:
+        statement, args = select, list(params)
+        if since is not None:
+            statement, args = statement + " AND received_at >= %s", [*args, since]
+        page = execute(database, statement + " ORDER BY received_at LIMIT %s",
+                       (*args, batch_size)).fetchall()
+        for name, rows in itertools.groupby(sorted(page, key=_CONSUMER), key=_CONSUMER):
+            ids = [row[2] for row in rows]
+            deleted += execute(database, _DELETE.format(ids=", ".join(["%s"] * len(ids))),
+                               (name, *ids, cutoff)).rowcount
+        if len(page) < batch_size:
+            break
+        since = page[-1][0]
+    if deleted:
+        logger.info("purged %s inbox records", deleted)
+    return deleted
+
+
+def count_older_than(database: pw.Database, older_than: dt.timedelta | float, *,
+                     consumer: str | None = None,
+                     clock: Callable[[], dt.datetime] = _checks.utc_now) -> int:
+    """How many records :func:`purge` would delete now (what a dry run reports); a plain
+    read that locks nothing."""
+    database = _checks.database(database)
+    cutoff, consumer = _cutoff(older_than, consumer, clock)
+    statement = f"SELECT COUNT(*) FROM {_BY_AGE} WHERE received_at < %s"
+    params: list[Any] = [cutoff]
+    if consumer is not None:
+        statement += " AND consumer = %s"
+        params.append(consumer)
+    return int(execute(database, statement, params).fetchone()[0])

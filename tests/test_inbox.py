@@ -1,0 +1,473 @@
+"""The inbox (SPEC §7): accept in the caller's transaction, bad input before any SQL, purge in
+autocommit, the table its migration makes. Locking and races: test_inbox_locks.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import peewee as pw
+import pytest
+
+from outbox_lite import (
+    Inbox,
+    InvalidEventError,
+    LockConflictError,
+    OutboxError,
+    TransactionRequiredError,
+)
+from outbox_lite import inbox as inbox_module
+from outbox_lite import migrate as schema
+from outbox_lite.inbox import MAX_CONSUMER_LENGTH, MAX_MESSAGE_ID_LENGTH
+
+from conftest import T0, TEST_URL, capture_sql, new_event
+
+EFFECT = ("CREATE TABLE effect (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+          " message_id VARCHAR(704) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL)")
+
+
+@pytest.fixture
+def inbox(db, clock):
+    db.execute_sql(EFFECT)
+    return Inbox(db, "billing", clock=clock)
+
+
+def _records(fetch, consumer=None):
+    where, params = ("", ()) if consumer is None else (" WHERE consumer = %s", (consumer,))
+    return fetch("SELECT consumer, message_id, received_at FROM inbox_message" + where
+                 + " ORDER BY consumer, message_id", *params)
+
+
+def handle(db, inbox, message_id, *, fail=False):
+    """The consumer's pattern: accept, then its own write, in one transaction."""
+    with db.atomic():
+        if not inbox.accept(message_id):
+            return False
+        db.execute_sql("INSERT INTO effect (message_id) VALUES (%s)", (message_id,))
+        if fail:
+            raise RuntimeError("the consumer failed after its writes")
+    return True
+
+
+# ---------------------------------------------------------------------------
+# accept
+# ---------------------------------------------------------------------------
+
+def test_the_first_delivery_is_accepted_and_a_redelivery_changes_nothing(db, inbox, fetch,
+                                                                        clock):
+    assert handle(db, inbox, "outbox-order%3A1") is True
+    first = _records(fetch)
+    assert first == [{"consumer": "billing", "message_id": "outbox-order%3A1",
+                      "received_at": T0.replace(tzinfo=None)}]
+    clock.advance(hours=1)
+    assert handle(db, inbox, "outbox-order%3A1") is False
+    assert _records(fetch) == first  # received_at is the first delivery's
+    assert fetch("SELECT message_id FROM effect") == [{"message_id": "outbox-order%3A1"}]
+
+
+def test_the_record_commits_with_the_callers_transaction_and_not_before(db, inbox, fetch):
+    with db.atomic():
+        assert inbox.accept("m-1") is True
+        assert _records(fetch) == []  # another connection sees nothing yet
+    assert [r["message_id"] for r in _records(fetch)] == ["m-1"]
+
+
+def test_the_record_rolls_back_with_the_callers_transaction(db, inbox, fetch):
+    with pytest.raises(RuntimeError):
+        handle(db, inbox, "m-1", fail=True)
+    assert _records(fetch) == [] and fetch("SELECT * FROM effect") == []
+    assert handle(db, inbox, "m-1") is True  # the retry is a first delivery
+    assert fetch("SELECT message_id FROM effect") == [{"message_id": "m-1"}]
+
+
+def test_after_false_the_callers_transaction_goes_on_and_commits_its_writes(db, inbox, fetch):
+    handle(db, inbox, "m-1")
+    with db.atomic():
+        db.execute_sql("INSERT INTO effect (message_id) VALUES ('before')")
+        assert inbox.accept("m-1") is False
+        db.execute_sql("INSERT INTO effect (message_id) VALUES ('after')")
+        assert inbox.accept("m-2") is True
+    assert [r["message_id"] for r in fetch("SELECT message_id FROM effect ORDER BY id")] == [
+        "m-1", "before", "after"]
+    assert [r["message_id"] for r in _records(fetch)] == ["m-1", "m-2"]
+
+
+def test_the_same_id_twice_in_one_transaction_is_true_then_false(db, inbox, fetch):
+    with db.atomic():
+        assert inbox.accept("m-1") is True
+        assert inbox.accept("m-1") is False
+    assert len(_records(fetch)) == 1
+
+
+def test_a_savepoint_that_rolls_back_takes_its_record_with_it(db, inbox, fetch):
+    with db.atomic():
+        assert inbox.accept("kept") is True
+        with pytest.raises(RuntimeError):
+            with db.atomic():  # a savepoint of the caller's
+                assert inbox.accept("undone") is True
+                raise RuntimeError
+        assert inbox.accept("undone") is True
+    assert [r["message_id"] for r in _records(fetch)] == ["kept", "undone"]
+
+
+def test_each_consumer_handles_a_message_once(db, inbox, fetch):
+    shipping = Inbox(db, "shipping")
+    with db.atomic():
+        assert inbox.accept("m-1") is True
+        assert shipping.accept("m-1") is True
+    with db.atomic():
+        assert inbox.accept("m-1") is False
+        assert shipping.accept("m-1") is False
+    assert [(r["consumer"], r["message_id"]) for r in _records(fetch)] == [
+        ("billing", "m-1"), ("shipping", "m-1")]
+
+
+def test_ids_compare_exactly_case_accents_and_4_byte_characters(db, inbox, fetch):
+    ids = ["Msg", "msg", "MSG", "caf\u00e9", "cafe\u0301", "\U0001F600", "\U0001F601", "ß", "ss"]
+    with db.atomic():
+        assert [inbox.accept(i) for i in ids] == [True] * len(ids)
+    with db.atomic():
+        assert [inbox.accept(i) for i in ids] == [False] * len(ids)
+    assert sorted(r["message_id"] for r in _records(fetch)) == sorted(ids)
+
+
+def test_the_longest_id_and_consumer_are_stored_whole_even_without_strict_mode(db, fetch):
+    consumer = "\U0001F600" * MAX_CONSUMER_LENGTH       # 4 bytes a character: the worst case
+    message_id = "\U0001F4E8" * MAX_MESSAGE_ID_LENGTH
+    db.execute_sql("SET SESSION sql_mode = ''")  # a server that would truncate silently
+    inbox = Inbox(db, consumer)
+    with db.atomic():
+        assert inbox.accept(message_id) is True
+        assert inbox.accept(message_id) is False
+    [row] = _records(fetch)
+    assert (row["consumer"], row["message_id"]) == (consumer, message_id)
+    with capture_sql(db) as statements, pytest.raises(InvalidEventError, match="704"):
+        with db.atomic():
+            inbox.accept(message_id + "x")
+    assert not [s for s, _ in statements if "inbox_message" in s]
+
+
+def test_received_at_is_the_injected_clocks_instant_in_utc(db, fetch):
+    tokyo = dt.timezone(dt.timedelta(hours=9))
+    inbox = Inbox(db, "c", clock=lambda: dt.datetime(2026, 3, 1, 9, 0, 0, 123456, tzinfo=tokyo))
+    with db.atomic():
+        inbox.accept("m")
+    assert _records(fetch)[0]["received_at"] == dt.datetime(2026, 3, 1, 0, 0, 0, 123456)
+
+
+def test_accept_outside_a_transaction_raises_before_any_sql(db, inbox, fetch):
+    with capture_sql(db) as statements:
+        with pytest.raises(TransactionRequiredError, match="atomic"):
+            inbox.accept("m-1")
+        with pytest.raises(TransactionRequiredError):
+            inbox.accept(None)  # the transaction is checked first, as the repository does
+    assert statements == [] and _records(fetch) == []
+
+
+def _session_counters(db):
+    names = ("Com_begin", "Com_commit", "Com_rollback", "Com_savepoint",
+             "Com_rollback_to_savepoint", "Com_release_savepoint")
+    rows = db.execute_sql("SHOW SESSION STATUS WHERE Variable_name IN (%s)"
+                          % ", ".join(["%s"] * len(names)), names).fetchall()
+    return {name: int(value) for name, value in rows}
+
+
+def test_no_method_begins_commits_or_rolls_back_anything(db, inbox, clock):
+    with db.atomic():
+        inbox.accept("m-1")
+    clock.advance(days=2)
+    before = _session_counters(db)
+    with capture_sql(db) as statements:
+        with db.atomic():
+            inbox.accept("m-1")
+            inbox.accept("m-2")
+        assert inbox.purge(dt.timedelta(days=1)) == 1
+        inbox_module.count_older_than(db, 60, clock=clock)
+    after = _session_counters(db)
+    assert {k: after[k] - before[k] for k in after} == {
+        "Com_begin": 1, "Com_commit": 1, "Com_rollback": 0, "Com_savepoint": 0,
+        "Com_rollback_to_savepoint": 0, "Com_release_savepoint": 0}  # the caller's own
+    verbs = [s.split()[0].upper() for s, _ in statements]
+    assert [v for v in verbs if v in ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT")] in (
+        ["BEGIN", "COMMIT"], ["BEGIN"])  # the caller's atomic() (Peewee 3 commits natively)
+
+
+BAD_IDS = [
+    ("", "must not be empty"), ("   ", "must not be empty"),
+    (" m", "white space"), ("m ", "white space"), ("m\t", "white space"),
+    ("m\x00n", "printable"), ("m\nn", "printable"), ("m\u200bn", "printable"),
+    ("m\ud800", "surrogates"), ("x" * (MAX_MESSAGE_ID_LENGTH + 1), "limit is 704"),
+    (None, "must be a str, not NoneType"), (42, "must be a str, not int"),
+    (b"m-1", "must be a str, not bytes"), (["m"], "must be a str, not list"),
+]
+
+
+@pytest.fixture(scope="module")
+def shared_db():
+    """One migrated database for the many bad-input cases, which must leave it empty."""
+    url = TEST_URL.with_name(f"{TEST_URL.name}_{os.getpid()}_inbox_input")
+    url.drop_database()
+    url.create_database()
+    database = url.database()
+    schema.migrate(database)
+    yield database
+    database.close()
+    url.drop_database()
+
+
+@pytest.mark.parametrize("message_id,words", BAD_IDS)
+def test_a_bad_message_id_is_refused_before_any_sql(shared_db, message_id, words):
+    inbox = Inbox(shared_db, "c")
+    with shared_db.atomic() as txn:
+        with capture_sql(shared_db) as statements:
+            with pytest.raises(InvalidEventError, match=words) as info:
+                inbox.accept(message_id)
+        assert isinstance(info.value, ValueError)  # ordinary handlers catch it too
+        assert statements == []
+        assert inbox.accept("still-usable") is True  # the transaction goes on
+        assert shared_db.execute_sql("SELECT message_id FROM inbox_message").fetchall() == (
+            ("still-usable",),)
+        txn.rollback()
+
+
+@pytest.mark.parametrize("consumer,words", [
+    *[(value, words) for value, words in BAD_IDS if value is not None and value != 42
+      and not (isinstance(value, str) and len(value) > 100)],
+    ("c" * (MAX_CONSUMER_LENGTH + 1), "limit is 64"), (None, "NoneType"), (7, "int")])
+def test_a_bad_consumer_is_refused_when_the_inbox_is_made(shared_db, consumer, words):
+    with capture_sql(shared_db) as statements:
+        with pytest.raises(InvalidEventError, match=words):
+            Inbox(shared_db, consumer)
+    assert statements == []
+
+
+def test_the_database_must_be_mysql_with_utf8mb4_and_the_clock_aware(db, db_url):
+    with pytest.raises(TypeError, match="MySQLDatabase"):
+        Inbox(pw.SqliteDatabase(":memory:"), "c")
+    utf8 = db_url.database(charset="utf8")
+    with pytest.raises(ValueError, match="utf8mb4"):
+        Inbox(utf8, "c")
+    assert utf8.is_closed()
+    with pytest.raises(InvalidEventError, match="timezone-aware"):
+        Inbox(db, "c", clock=lambda: dt.datetime(2026, 1, 1))
+    with pytest.raises(TypeError, match="clock"):
+        Inbox(db, "c", clock="now")
+    assert repr(Inbox(db, "billing")) == "<Inbox consumer='billing'>"
+
+
+def test_a_conflict_with_a_locked_record_is_a_lock_conflict_error(db, db_url, inbox, fetch):
+    other = db_url.database()
+    other_inbox = Inbox(other, "billing")
+    with other.atomic():
+        assert other_inbox.accept("m-1") is True  # held open by this other transaction
+        db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+        with pytest.raises(LockConflictError) as info:
+            with db.atomic():
+                inbox.accept("m-1")
+        assert info.value.errno == 1205 and info.value.retryable
+    other.close()
+    assert [r["message_id"] for r in _records(fetch)] == ["m-1"]
+
+
+# ---------------------------------------------------------------------------
+# purge
+# ---------------------------------------------------------------------------
+
+def _seed(db, clock, consumer, ids, *, step=None):
+    inbox = Inbox(db, consumer, clock=clock)
+    with db.atomic():
+        for message_id in ids:
+            inbox.accept(message_id)
+            if step:
+                clock.advance(seconds=step)
+    return inbox
+
+
+def test_purge_deletes_this_consumers_old_records_only(db, inbox, clock, fetch):
+    _seed(db, clock, "billing", [f"old-{n}" for n in range(5)])
+    _seed(db, clock, "shipping", ["old-0"])
+    clock.advance(days=7)
+    _seed(db, clock, "billing", ["new-0"])
+    clock.advance(hours=1)
+    assert inbox.purge(dt.timedelta(days=7)) == 5
+    assert [(r["consumer"], r["message_id"]) for r in _records(fetch)] == [
+        ("billing", "new-0"), ("shipping", "old-0")]
+    assert inbox.purge(dt.timedelta(days=7)) == 0
+    assert inbox.purge(1800) == 1  # seconds, as the repository's durations
+    assert [r["consumer"] for r in _records(fetch)] == ["shipping"]
+
+
+def test_purge_of_every_consumer_in_batches_each_delete_in_autocommit(db, clock, fetch):
+    for consumer in ("a", "b", "c"):
+        _seed(db, clock, consumer, [f"m-{n:02d}" for n in range(7)], step=1)
+    clock.advance(days=2)
+    _seed(db, clock, "a", ["young"])
+    in_transaction = []
+    with capture_sql(db, before=lambda sql, _: in_transaction.append(db.in_transaction())
+                     ) as statements:
+        deleted = inbox_module.purge(db, dt.timedelta(days=1), batch_size=4, clock=clock)
+    assert deleted == 21
+    assert [(r["consumer"], r["message_id"]) for r in _records(fetch)] == [("a", "young")]
+    selects = [s for s, _ in statements if s.startswith("SELECT")]
+    deletes = [s for s, _ in statements if s.startswith("DELETE")]
+    assert len(selects) == 6  # pages of 4 over 21 rows, the last one short
+    assert len(deletes) >= 6 and all("FORCE INDEX (PRIMARY)" in s for s in deletes)
+    assert not any(in_transaction)  # each statement is its own autocommit transaction
+
+
+def test_each_batch_commits_alone_so_purge_holds_no_lock_across_batches(db, db_url, clock,
+                                                                       fetch):
+    _seed(db, clock, "c", [f"m-{n}" for n in range(9)], step=1)
+    clock.advance(days=2)
+    consumer = db_url.database()
+    consumer.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+    redelivered = []
+
+    def between_batches(sql, params):
+        if sql.startswith("SELECT") and params and len(params) == 3:  # a page after the first
+            gone = [r[0] for r in consumer.execute_sql(
+                "SELECT message_id FROM (SELECT 'm-0' AS message_id UNION SELECT 'm-3') AS t"
+                " WHERE message_id NOT IN (SELECT message_id FROM inbox_message)").fetchall()]
+            for message_id in gone:  # deleted by an earlier batch: its locks must be gone
+                with consumer.atomic():
+                    redelivered.append((message_id, Inbox(consumer, "c").accept(message_id)))
+
+    with capture_sql(db, before=between_batches):
+        assert inbox_module.purge(db, 86400, batch_size=3, clock=clock) == 9
+    consumer.close()
+    assert ("m-0", True) in redelivered and ("m-3", True) in redelivered  # no 1205
+    assert sorted(r["message_id"] for r in _records(fetch)) == ["m-0", "m-3"]
+
+
+def test_purge_ends_when_more_records_than_a_batch_share_one_instant(db, clock, fetch):
+    _seed(db, clock, "c", [f"m-{n:03d}" for n in range(25)])  # the clock stands still
+    clock.advance(hours=2)
+    with capture_sql(db) as statements:
+        assert inbox_module.purge(db, 3600, batch_size=10, clock=clock) == 25
+    assert _records(fetch) == []
+    assert len([s for s, _ in statements if s.startswith("SELECT")]) == 3
+
+
+def test_a_dry_run_count_matches_what_purge_deletes(db, clock, fetch):
+    _seed(db, clock, "a", ["1", "2", "3"])
+    _seed(db, clock, "b", ["1"])
+    clock.advance(days=3)
+    _seed(db, clock, "a", ["4"])
+    assert inbox_module.count_older_than(db, 86400, clock=clock) == 4
+    assert inbox_module.count_older_than(db, 86400, consumer="a", clock=clock) == 3
+    assert len(_records(fetch)) == 5  # counting deleted nothing
+    assert inbox_module.purge(db, 86400, consumer="a", clock=clock) == 3
+    assert inbox_module.purge(db, 86400, clock=clock) == 1
+
+
+def test_purge_refuses_to_run_inside_a_transaction(db, inbox, clock, fetch):
+    _seed(db, clock, "billing", ["m"])
+    clock.advance(days=2)
+    with db.atomic():
+        with capture_sql(db) as statements, pytest.raises(OutboxError, match="autocommit"):
+            inbox.purge(86400)
+    assert statements == [] and len(_records(fetch)) == 1
+
+
+@pytest.mark.parametrize("older_than", [0, -1, float("nan"), float("inf"), True, "7d", None,
+                                        dt.timedelta(0), dt.timedelta(days=-1),
+                                        dt.timedelta(days=36_501)])
+def test_a_bad_age_is_refused_before_any_sql(shared_db, older_than):
+    inbox = Inbox(shared_db, "c")
+    with capture_sql(shared_db) as statements:
+        with pytest.raises(InvalidEventError, match="older_than"):
+            inbox.purge(older_than)
+        with pytest.raises(InvalidEventError, match="older_than"):
+            inbox_module.count_older_than(shared_db, older_than)
+    assert statements == []
+
+
+def test_bad_purge_arguments_are_refused_before_any_sql(db, inbox):
+    with capture_sql(db) as statements:
+        for batch_size in (0, -1, 10_001, 1.5, True):
+            with pytest.raises(InvalidEventError, match="batch_size"):
+                inbox.purge(60, batch_size=batch_size)
+        with pytest.raises(InvalidEventError, match="consumer"):
+            inbox_module.purge(db, 60, consumer="")
+        with pytest.raises(InvalidEventError, match="year 1000"):
+            Inbox(db, "c", clock=lambda: dt.datetime(1000, 1, 2, tzinfo=dt.timezone.utc)
+                  ).purge(dt.timedelta(days=3))
+    assert statements == []
+
+
+def test_purge_waits_only_for_a_consumer_holding_one_of_the_records_it_deletes(
+        db, db_url, clock, fetch):
+    _seed(db, clock, "c", ["held", "free"])
+    clock.advance(days=2)
+    holder = db_url.database()
+    with holder.atomic():
+        assert Inbox(holder, "c").accept("held") is False  # a redelivery, still open
+        db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+        with pytest.raises(LockConflictError):
+            inbox_module.purge(db, 86400, clock=clock)
+    holder.close()
+    assert [r["message_id"] for r in _records(fetch)] == ["free", "held"]  # rolled back
+    assert inbox_module.purge(db, 86400, clock=clock) == 2  # run again: done
+
+
+# ---------------------------------------------------------------------------
+# The table and its migration
+# ---------------------------------------------------------------------------
+
+def test_the_table_is_what_the_code_expects(fetch):
+    """Aliased lower-case names: information_schema answers in upper case on MySQL."""
+    columns = fetch(
+        "SELECT column_name AS name, column_type AS type, is_nullable AS nullable,"
+        " character_set_name AS charset, collation_name AS coll FROM information_schema.columns"
+        " WHERE table_schema = DATABASE() AND table_name = 'inbox_message'"
+        " ORDER BY ordinal_position")
+    assert [(c["name"], c["type"].lower(), c["nullable"], c["charset"], c["coll"])
+            for c in columns] == [
+        ("consumer", f"varchar({MAX_CONSUMER_LENGTH})", "NO", "utf8mb4", "utf8mb4_bin"),
+        ("message_id", f"varchar({MAX_MESSAGE_ID_LENGTH})", "NO", "utf8mb4", "utf8mb4_bin"),
+        ("received_at", "datetime(6)", "NO", None, None)]
+    indexes = fetch(
+        "SELECT index_name AS name, non_unique AS non_unique, seq_in_index AS seq,"
+        " column_name AS col FROM information_schema.statistics"
+        " WHERE table_schema = DATABASE() AND table_name = 'inbox_message'")
+    assert sorted((i["name"], int(i["non_unique"]), int(i["seq"]), i["col"])
+                  for i in indexes) == [
+        ("PRIMARY", 0, 1, "consumer"), ("PRIMARY", 0, 2, "message_id"),
+        ("ix_inbox_message_received_at", 1, 1, "received_at")]
+    assert fetch("SELECT engine AS engine, row_format AS row_format FROM information_schema.tables"
+                 " WHERE table_schema = DATABASE() AND table_name = 'inbox_message'") == [
+        {"engine": "InnoDB", "row_format": "Dynamic"}]
+    assert fetch("SELECT constraint_name AS name FROM information_schema.referential_constraints"
+                 " WHERE constraint_schema = DATABASE()") == []
+    assert fetch("SELECT trigger_name AS name FROM information_schema.triggers"
+                 " WHERE trigger_schema = DATABASE()") == []
+
+
+def test_the_migration_rolls_back_and_applies_again(db_url, fetch):
+    database = db_url.database()
+    inbox = Inbox(database, "c")
+    with database.atomic():
+        inbox.accept("m")
+    assert schema.rollback(database) == "004_create_inbox_message"
+    assert fetch("SHOW TABLES LIKE 'inbox_message'") == []
+    assert len(fetch("SHOW TABLES LIKE 'outbox_event'")) == 1  # the outbox is untouched
+    with pytest.raises(pw.ProgrammingError, match="inbox_message"):
+        with database.atomic():
+            inbox.accept("m")
+    assert schema.migrate(database) == ["004_create_inbox_message"]
+    with database.atomic():
+        assert inbox.accept("m") is True  # an empty table again
+    database.close()
+
+
+def test_a_service_that_never_uses_the_inbox_pays_only_an_empty_table(db, repo, clock, fetch):
+    with capture_sql(db) as statements:
+        event = new_event(repo)
+        with db.atomic():
+            repo.claim_batch("w")
+        repo.mark_published(event.id, "w")
+        clock.advance(days=30)
+        repo.purge_published(dt.timedelta(days=7))
+        repo.stats()
+    assert statements and not [s for s, _ in statements if "inbox" in s.lower()]
+    assert fetch("SELECT COUNT(*) AS n FROM inbox_message") == [{"n": 0}]

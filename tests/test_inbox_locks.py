@@ -1,0 +1,285 @@
+"""How the inbox locks, on the real server: accepts of different ids never wait on each other,
+and racing deliveries of one id end with exactly one record and one effect.
+
+A wait is made visible by the session's ``innodb_lock_wait_timeout`` of 1 s: each probe runs in
+a transaction of its own while the contending transaction stays open for as long as the probe
+takes, so a probe that waits at all fails with 1205 (LockConflictError). The probes are the
+ids that sort right before and right after the contended one, inside the gap its neighbours
+bound (committed records ``m2`` and ``m8`` around ``m5``) and past the last record.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from outbox_lite import Inbox, LockConflictError
+
+from conftest import run_threads
+
+ISOLATION_LEVELS = ["REPEATABLE READ", "READ COMMITTED", "SERIALIZABLE"]
+NEIGHBOURS = ["m4", "m6", "m3", "m7"]  # m5 contended; m2 and m8 committed around it
+
+
+class Session:
+    """One connection in a thread of its own, so a test can hold a transaction open on it
+    while other sessions run; waits end after 1 s with 1205."""
+
+    def __init__(self, db_url: Any, consumer: str = "c") -> None:
+        self.db = db_url.database()
+        self.inbox = Inbox(self.db, consumer)
+        self._pool = concurrent.futures.ThreadPoolExecutor(1)
+        self._txn: Any = None
+        self.run(self.db.execute_sql, "SET SESSION innodb_lock_wait_timeout = 1")
+        self.connection_id = self.run(
+            lambda: self.db.execute_sql("SELECT CONNECTION_ID()").fetchone()[0])
+
+    def start(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        return self._pool.submit(fn, *args)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.start(fn, *args).result(timeout=30)
+
+    def begin(self, isolation: str | None = None) -> None:
+        def enter() -> None:
+            self._txn = self.db.atomic(isolation_level=isolation) if isolation else (
+                self.db.atomic())
+            self._txn.__enter__()
+        self.run(enter)
+
+    def accept(self, message_id: str) -> bool:
+        return self.run(self.inbox.accept, message_id)
+
+    def commit(self) -> None:
+        self.run(self._txn.__exit__, None, None, None)
+
+    def rollback(self) -> None:
+        self.run(self._txn.__exit__, RuntimeError, RuntimeError("rollback"), None)
+
+    def close(self) -> None:
+        """End what the test left open (rolled back) and the connection, then the thread."""
+        def end() -> None:
+            if self.db.in_transaction():
+                self._txn.__exit__(RuntimeError, RuntimeError("test over"), None)
+            self.db.close()
+        try:
+            self.start(end).result(timeout=60)
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.fixture
+def sessions(db_url):
+    made: list[Session] = []
+
+    def make(consumer: str = "c") -> Session:
+        made.append(Session(db_url, consumer))
+        return made[-1]
+
+    yield make
+    errors = []
+    for session in made:
+        try:
+            session.close()
+        except Exception as exc:  # noqa: BLE001 - every session is closed, then we fail
+            errors.append(exc)
+    assert errors == []
+
+
+def probe(sessions: Callable[..., Session], ids: list[str], isolation: str) -> dict[str, Any]:
+    """Accept each id in a new transaction (rolled back); what each got: True, False, or
+    the errno of a LockConflictError."""
+    answers: dict[str, Any] = {}
+    for message_id in ids:
+        session = sessions()
+        session.begin(isolation)
+        try:
+            answers[message_id] = session.accept(message_id)
+        except LockConflictError as exc:
+            answers[message_id] = exc.errno
+        finally:
+            session.rollback()
+    return answers
+
+
+@pytest.fixture
+def bounded(fetch):
+    """Committed records on either side of the contended id's gap."""
+    fetch("INSERT INTO inbox_message VALUES ('c', 'm2', UTC_TIMESTAMP(6)),"
+          " ('c', 'm8', UTC_TIMESTAMP(6))")
+
+
+@pytest.mark.parametrize("isolation", ISOLATION_LEVELS)
+def test_an_open_accept_makes_no_other_id_wait(sessions, bounded, isolation):
+    a = sessions()
+    a.begin(isolation)
+    assert a.accept("m5") is True
+    ids = [*NEIGHBOURS, "m1", "m9", "n0"]
+    assert probe(sessions, ids, isolation) == {i: True for i in ids}
+    assert probe(sessions, ["m5"], isolation) == {"m5": 1205}  # the probe sees a wait
+    a.commit()
+    assert probe(sessions, ["m5"], isolation) == {"m5": False}
+
+
+@pytest.mark.parametrize("isolation", ISOLATION_LEVELS)
+def test_the_last_id_open_makes_no_later_id_wait(sessions, isolation):
+    """In an empty table the gap after the record runs to the end of the index."""
+    a = sessions()
+    a.begin(isolation)
+    assert a.accept("m5") is True
+    assert probe(sessions, ["m4", "m6", "z"], isolation) == {"m4": True, "m6": True, "z": True}
+    a.rollback()
+
+
+@pytest.mark.parametrize("isolation", ISOLATION_LEVELS)
+def test_a_redelivery_answered_false_in_an_open_transaction_makes_nobody_wait(
+        sessions, bounded, fetch, isolation):
+    fetch("INSERT INTO inbox_message VALUES ('c', 'm5', UTC_TIMESTAMP(6))")
+    b = sessions()
+    b.begin(isolation)
+    assert b.accept("m5") is False
+    assert b.run(b.db.execute_sql, "SELECT 1").fetchone() == (1,)  # still usable
+    ids = [*NEIGHBOURS, "m1", "m9"]
+    assert probe(sessions, ids, isolation) == {i: True for i in ids}
+    # Other redeliveries of the same id share its lock: False at once, no wait either.
+    assert [probe(sessions, ["m5"], isolation) for _ in range(2)] == [{"m5": False}] * 2
+    b.commit()
+
+
+@pytest.mark.parametrize("isolation", ISOLATION_LEVELS)
+def test_a_twin_waiting_for_the_first_delivery_gets_false_once_it_commits(
+        sessions, bounded, fetch, isolation):
+    a, b = sessions(), sessions()
+    b.run(b.db.execute_sql, "SET SESSION innodb_lock_wait_timeout = 30")
+    a.begin(isolation)
+    assert a.accept("m5") is True
+    b.begin(isolation)
+    twin = b.start(b.inbox.accept, "m5")
+    _until_waiting(fetch, b)
+    assert probe(sessions, NEIGHBOURS, isolation) == {i: True for i in NEIGHBOURS}
+    a.commit()
+    assert twin.result(timeout=30) is False
+    assert probe(sessions, NEIGHBOURS, isolation) == {i: True for i in NEIGHBOURS}
+    b.commit()
+    assert fetch("SELECT message_id FROM inbox_message ORDER BY message_id") == [
+        {"message_id": m} for m in ("m2", "m5", "m8")]
+
+
+@pytest.mark.parametrize("isolation", ISOLATION_LEVELS)
+def test_a_twin_waiting_for_a_first_delivery_that_rolls_back_gets_true_and_its_gap(
+        sessions, bounded, fetch, isolation):
+    """What InnoDB does, on both servers, at every isolation level: when the first delivery
+    rolls back, its record is removed and the waiting twin's lock is handed on to the gap
+    (lock inheritance), so until the twin's transaction ends, inserts into that gap wait.
+    This is the one case in which accepts of different ids wait on each other (README)."""
+    a, b = sessions(), sessions()
+    b.run(b.db.execute_sql, "SET SESSION innodb_lock_wait_timeout = 30")
+    a.begin(isolation)
+    assert a.accept("m5") is True
+    b.begin(isolation)
+    twin = b.start(b.inbox.accept, "m5")
+    _until_waiting(fetch, b)
+    a.rollback()
+    assert twin.result(timeout=30) is True
+    assert probe(sessions, ["m4", "m6", "m1", "m9"], isolation) == {
+        "m4": 1205, "m6": 1205, "m1": True, "m9": True}  # the gap from m2 to m8
+    b.commit()
+    assert probe(sessions, NEIGHBOURS, isolation) == {i: True for i in NEIGHBOURS}
+
+
+def _until_waiting(fetch, session: Session) -> None:
+    """Until ``session``'s transaction waits for a row lock (information_schema.INNODB_TRX,
+    the same on both servers): a twin that has not reached its wait proves nothing. InnoDB
+    refreshes that table's cache only when it was not read for 0.1 s, hence the pause."""
+    deadline = time.monotonic() + 10
+    while fetch("SELECT trx_state AS state FROM information_schema.INNODB_TRX"
+                " WHERE trx_mysql_thread_id = %s", session.connection_id) != [
+            {"state": "LOCK WAIT"}]:
+        assert time.monotonic() < deadline, "the twin never waited"
+        time.sleep(0.15)
+
+
+# ---------------------------------------------------------------------------
+# Racing deliveries of one id: exactly one effect
+# ---------------------------------------------------------------------------
+
+EFFECT = ("CREATE TABLE effect (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+          " message_id VARCHAR(64) NOT NULL, worker INT NOT NULL)")
+
+
+def _deliver(db, inbox, message_id: str, worker: int, fail: Callable[[], bool]) -> list[str]:
+    """A consumer's delivery, retried after a lock conflict as a consumer must; the outcome
+    of each attempt: 'handled', 'duplicate', 'rolled back' or 'conflict'."""
+    outcomes: list[str] = []
+    while True:
+        try:
+            with db.atomic():
+                if not inbox.accept(message_id):
+                    outcomes.append("duplicate")
+                    return outcomes
+                db.execute_sql("INSERT INTO effect (message_id, worker) VALUES (%s, %s)",
+                               (message_id, worker))
+                if fail():
+                    time.sleep(0.02)  # let the twins queue up behind this record first
+                    raise _Failed
+            outcomes.append("handled")
+            return outcomes
+        except _Failed:
+            outcomes.append("rolled back")
+            return outcomes
+        except LockConflictError:
+            outcomes.append("conflict")
+
+
+class _Failed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("first_fails", [False, True], ids=["commit", "rollback"])
+def test_racing_deliveries_of_one_id_have_exactly_one_effect(db, fetch, first_fails):
+    db.execute_sql(EFFECT)
+    inbox = Inbox(db, "c")
+    threads, rounds = 8, 12
+    lock = threading.Lock()
+    for n in range(rounds):
+        message_id = f"race-{n}"
+        failed: list[int] = []
+
+        def fail() -> bool:
+            with lock:  # the first delivery to get True rolls back, when asked to
+                if first_fails and not failed:
+                    failed.append(1)
+                    return True
+                return False
+
+        results, errors = run_threads(
+            threads, lambda i: _deliver(db, inbox, message_id, i, fail), db)
+        assert errors == []
+        finals = sorted(r[-1] for r in results)
+        expected = ["duplicate"] * (threads - 1) + ["handled"]
+        if first_fails:
+            expected = ["duplicate"] * (threads - 2) + ["handled", "rolled back"]
+        assert finals == sorted(expected), (n, results)
+    effects = fetch("SELECT message_id, COUNT(*) AS n FROM effect GROUP BY message_id")
+    assert sorted((r["message_id"], r["n"]) for r in effects) == sorted(
+        (f"race-{n}", 1) for n in range(rounds))
+    assert fetch("SELECT COUNT(*) AS n FROM inbox_message") == [{"n": rounds}]
+
+
+def test_accepts_of_distinct_ids_from_many_threads_all_succeed_without_conflict(db, fetch):
+    db.execute_sql(EFFECT)
+    inbox = Inbox(db, "c")
+
+    def work(i: int) -> list[str]:
+        db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+        return [_deliver(db, inbox, f"t{i}-{k:03d}", i, lambda: False)[-1] for k in range(40)]
+
+    results, errors = run_threads(8, work, db)
+    assert errors == []
+    assert all(outcome == "handled" for r in results for outcome in r)
+    assert fetch("SELECT COUNT(*) AS n FROM effect") == [{"n": 320}]
+    assert fetch("SELECT COUNT(*) AS n FROM inbox_message") == [{"n": 320}]
