@@ -18,7 +18,7 @@ import peewee as pw
 
 from . import _sql as sql
 from . import migrate as schema
-from ._db import DatabaseUrl
+from ._db import DatabaseUrl, execute
 from ._server import LockCounters, peewee_query, server_of
 from .backoff import Backoff
 from .errors import DuplicateEventError, LockConflictError
@@ -286,21 +286,30 @@ class ContentionSuite:
                           " WHERE status IN ('pending', 'processing')")[0][0]
         return left - self.query(sql.HELD_BACK)[0][0] if left else 0
 
-    def enter_flight(self, batch: list[Any]) -> int:
-        """Mark the batch's aggregates in flight; returns how many already were."""
-        rows = [(f"{e.aggregate_type}:{e.aggregate_id}", e.id) for e in batch]
-        inserted = self.database.execute_sql(
-            "INSERT IGNORE INTO contention_flight (aggregate, event_id) VALUES "
-            + ", ".join(["(%s, %s)"] * len(rows)), [v for row in rows for v in row]).rowcount
-        return len(rows) - inserted
+    def enter_flight(self, batch: list[Any], workers: _Workers) -> int:
+        """Mark the batch's aggregates in flight; returns how many already were.
+
+        In key order, so two batches that share aggregates (only a broken claim makes them)
+        lock them in the same order; a lock conflict all the same is counted and retried."""
+        rows = sorted((f"{e.aggregate_type}:{e.aggregate_id}", e.id) for e in batch)
+        statement = ("INSERT IGNORE INTO contention_flight (aggregate, event_id) VALUES "
+                     + ", ".join(["(%s, %s)"] * len(rows)))
+        while True:
+            try:
+                inserted = execute(self.database, statement,
+                                   [v for row in rows for v in row]).rowcount
+                return len(rows) - inserted
+            except LockConflictError:
+                workers.count_conflict()
 
     def leave_flight(self, batch: list[Any]) -> None:
-        """The batch's aggregates are out of flight (by primary key: no scan, no gap locks)."""
+        """The batch's aggregates are out of flight (by primary key: no scan, no gap locks).
+        Inside the caller's transaction; a lock conflict is a LockConflictError."""
         aggregates = [f"{e.aggregate_type}:{e.aggregate_id}" for e in batch]
-        self.database.execute_sql(  # the hint: left alone, a short table is scanned, all locked
-            "DELETE f FROM contention_flight AS f FORCE INDEX (PRIMARY) WHERE f.aggregate IN ("
-            + ", ".join(["%s"] * len(batch)) + ") AND f.event_id IN ("
-            + ", ".join(["%s"] * len(batch)) + ")", [*aggregates, *(e.id for e in batch)])
+        execute(self.database,  # the hint: left alone, a short table is scanned, all locked
+                "DELETE f FROM contention_flight AS f FORCE INDEX (PRIMARY) WHERE f.aggregate"
+                " IN (" + ", ".join(["%s"] * len(batch)) + ") AND f.event_id IN ("
+                + ", ".join(["%s"] * len(batch)) + ")", [*aggregates, *(e.id for e in batch)])
 
     def claim(self, repo: OutboxRepository, worker: str, workers: _Workers,
               ordered: bool = False) -> list[Any] | None:
@@ -658,7 +667,7 @@ def _ordered(suite: ContentionSuite, result: Result, workers: _Workers) -> None:
             pause = 0.0
             last_claim[0] = time.monotonic()
             claims += [(e.id, e.attempt_count) for e in batch]
-            overlaps[i] += suite.enter_flight(batch)
+            overlaps[i] += suite.enter_flight(batch, workers)
             good = [e.id for e in batch if e.id not in poisoned]
             suite.publish(name, ((e.id, e.attempt_count) for e in batch if e.id in good))
             while True:

@@ -151,7 +151,7 @@ def test_a_duplicate_from_a_race_holds_up_writers_until_the_refused_transaction_
         while time.monotonic() < deadline and not (racer_connection and fetch(
                 "SELECT 1 FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
                 " AND trx_mysql_thread_id = %s", racer_connection[0])):
-            time.sleep(0.01)  # until the racer's INSERT waits on ours
+            time.sleep(0.1)  # until the racer's INSERT waits on ours (the table refreshes at 0.1 s)
     thread.join(timeout=30)
     first.close()
     assert not thread.is_alive() and isinstance(outcome[0], DuplicateEventError), outcome
