@@ -141,7 +141,7 @@ def test_operations_refuse_bad_arguments(repo, fetch, call, field):
 
 def test_repository_options_are_checked():
     import peewee as pw
-    database = pw.MySQLDatabase("x")
+    database = pw.MySQLDatabase("x", charset="utf8mb4")
     with pytest.raises(InvalidEventError, match="max_attempts"):
         OutboxRepository(database, max_attempts=0)
     with pytest.raises(TypeError):
@@ -342,7 +342,9 @@ def test_only_mysql_databases_are_accepted():
     class Reconnecting(ReconnectMixin, pw.MySQLDatabase):
         pass
 
-    for database in (pw.MySQLDatabase("x"), PooledMySQLDatabase("x"), Reconnecting("x")):
+    for database in (pw.MySQLDatabase("x", charset="utf8mb4"),
+                     PooledMySQLDatabase("x", charset="utf8mb4"),
+                     Reconnecting("x", charset="utf8mb4")):
         assert OutboxRepository(database).database is database
     for database in (pw.SqliteDatabase(":memory:"), pw.PostgresqlDatabase("x")):
         with pytest.raises(TypeError, match=f"MySQLDatabase.*not {type(database).__name__}"):
