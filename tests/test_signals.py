@@ -28,7 +28,7 @@ TESTS = Path(__file__).resolve().parent
 #: wide for a loaded two-core machine, and a hang (the old handler's deadlock) never ends.
 STOP_BOUND = 20.0
 #: How long the random-instant loop runs (set it higher to try more stops).
-LOOP_SECONDS = float(os.environ.get("OUTBOX_TEST_SIGNAL_LOOP_SECONDS", "30"))
+LOOP_SECONDS = float(os.environ.get("OUTBOX_TEST_SIGNAL_LOOP_SECONDS", "20"))
 SLOTS = 4  # relays stopped at the same time
 
 
