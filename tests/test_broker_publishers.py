@@ -133,8 +133,9 @@ def test_rabbitmq_bad_arguments_and_a_closed_publisher():
     publisher.close()
     publisher.close()  # idempotent
     assert not publisher._runner.thread.is_alive()
-    with pytest.raises(RabbitMQUnavailableError, match="closed"):
+    with pytest.raises(RabbitMQUnavailableError, match="closed") as caught:
         publisher.ping()
+    assert caught.value.error_code == "rabbitmq_closed"
 
 
 # ---------------------------------------------------------------------------
@@ -209,6 +210,11 @@ def test_nats_bad_arguments_and_a_missing_stream(stream):
     assert "hunter2pass" not in repr(two) and "nats://u:***@127.0.0.1:1," in repr(two)
     two.ping()  # the second server answers
     two.close()
+    two.close()  # idempotent
+    assert not two._runner.thread.is_alive()
+    with pytest.raises(NATSUnavailableError, match="closed") as caught:
+        two.ping()
+    assert caught.value.error_code == "nats_closed" and caught.value.retryable is True
     with NATSPublisher(SHARED_NATS, f"{stream.prefix}-none") as publisher:
         with pytest.raises(NATSConfigurationError, match="no JetStream stream captures"):
             publisher.ping()

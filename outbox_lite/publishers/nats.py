@@ -28,16 +28,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
-import weakref
-from typing import Any, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from .. import _checks
 from ..errors import InvalidEventError, OutboxError
 from ..models import OutboxEvent
 from . import message_body, message_id
-from ._loop import CallTimeout, LoopThread, timeout_option
+from ._loop import ConnectionPublisher, timeout_option
 from ._url import mask_url, password_of, scrub
 
 logger = logging.getLogger(__name__)
@@ -95,7 +93,7 @@ def subject_error(subject: str) -> str | None:
 # The publisher
 # ---------------------------------------------------------------------------
 
-class NATSPublisher:
+class NATSPublisher(ConnectionPublisher):
     """Publishes outbox events to NATS JetStream at ``servers`` (``nats://[user:password@]
     host:port``, several in a list or separated by commas), on subjects
     ``<subject_prefix>.<event_type>``.
@@ -111,6 +109,10 @@ class NATSPublisher:
     it as a context manager, or call :meth:`close`.
     """
 
+    broker = "NATS"
+    code = "nats"
+    unavailable = NATSUnavailableError
+
     def __init__(self, servers: str | Sequence[str], subject_prefix: str, *,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         self._servers = _server_urls(servers)
@@ -123,24 +125,10 @@ class NATSPublisher:
         # Safe to show: passwords (and tokens) masked.
         self.servers = ",".join(mask_url(url, "NATS") for url in self._servers)
         self._nats = _import_client()
-        # The client and its JetStream context, in a list the finalizer shares (not self).
-        self._state: list[Any] = [None, None]
-        self._lock = threading.Lock()
-        self._closed = False
-        self._runner = LoopThread(f"outbox-nats-{self.subject_prefix}")
-        state = self._state
-        # close() calls it; so does the garbage collector (or exit) if close() never came.
-        self._stop = weakref.finalize(self, self._runner.stop, lambda: _close(state),
-                                      self.timeout)
+        self._start(f"outbox-nats-{self.subject_prefix}", _close)  # state: [client, jetstream]
 
     def __repr__(self) -> str:
         return f"<NATSPublisher subjects='{self.subject_prefix}.>' servers={self.servers!r}>"
-
-    def __enter__(self) -> NATSPublisher:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     # -- the Publisher protocol ---------------------------------------------
 
@@ -174,33 +162,8 @@ class NATSPublisher:
         :class:`NATSUnavailableError` when the server cannot be reached."""
         self._run(self._ping)
 
-    def close(self) -> None:
-        """Close the connection and stop the event loop and its thread; idempotent."""
-        with self._lock:
-            self._closed = True
-            self._stop()
-
-    def _run(self, call: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-        """Run ``call()`` on the loop; wait at most ``timeout``; map the client's errors.
-        After a failure the connection is dropped: the next call connects afresh."""
-        with self._lock:
-            if self._closed:
-                raise NATSUnavailableError("the NATS publisher is closed",
-                                           error_code="nats_closed")
-            try:
-                return self._runner.call(call(), self.timeout)
-            except NATSPublishError:
-                self._drop()
-                raise
-            except CallTimeout:
-                self._drop()
-                raise NATSUnavailableError(
-                    f"{self._where()}: no answer within {self.timeout:g} s",
-                    error_code="nats_timeout") from None
-            except (self._nats.errors.Error, OSError, asyncio.TimeoutError,
-                    asyncio.CancelledError) as exc:
-                self._drop()
-                raise self._error(exc) from None
+    def _client_errors(self) -> tuple[type[BaseException], ...]:
+        return (self._nats.errors.Error,)
 
     # -- inside the event loop ------------------------------------------------
 
@@ -284,11 +247,6 @@ class NATSPublisher:
         return failures
 
     # -- helpers --------------------------------------------------------------
-
-    def _drop(self) -> None:
-        """Forget the connection (closing it in the background): the next call connects."""
-        state, self._state[:] = list(self._state), [None, None]
-        self._runner.spawn(_close(state))
 
     def _where(self) -> str:
         return f"NATS at {self.servers}"

@@ -32,16 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import weakref
-from typing import Any, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 from urllib.parse import unquote, urlsplit
 
 from .. import _checks
 from ..errors import InvalidEventError, OutboxError
 from ..models import MAX_NAME_LENGTH, OutboxEvent
 from . import message_body, message_id
-from ._loop import CallTimeout, LoopThread, timeout_option
+from ._loop import ConnectionPublisher, timeout_option
 from ._url import mask_url, password_of, scrub
 
 logger = logging.getLogger(__name__)
@@ -85,7 +83,7 @@ class RabbitMQMessageError(RabbitMQPublishError):
 # The publisher
 # ---------------------------------------------------------------------------
 
-class RabbitMQPublisher:
+class RabbitMQPublisher(ConnectionPublisher):
     """Publishes outbox events as persistent, confirmed AMQP messages to ``exchange`` of the
     broker at ``url`` (``amqp://user:password@host:port/vhost``; ``amqps://`` for TLS).
 
@@ -100,6 +98,10 @@ class RabbitMQPublisher:
     it as a context manager, or call :meth:`close`.
     """
 
+    broker = "RabbitMQ"
+    code = "rabbitmq"
+    unavailable = RabbitMQUnavailableError
+
     def __init__(self, url: str, exchange: str, *, routing_key: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         self.exchange = _checks.name("exchange", exchange)
@@ -109,25 +111,11 @@ class RabbitMQPublisher:
         self._password = password_of(url)
         self.url = mask_url(url, "AMQP")  # safe to show: the password is masked
         self._aiormq = _import_client()
-        # The connection and channel in use, in a list the finalizer shares (not self).
-        self._state: list[Any] = [None, None]
-        self._lock = threading.Lock()
-        self._closed = False
-        self._runner = LoopThread(f"outbox-rabbitmq-{self.exchange}")
-        state = self._state
-        # close() calls it; so does the garbage collector (or exit) if close() never came.
-        self._stop = weakref.finalize(self, self._runner.stop, lambda: _close(state),
-                                      self.timeout)
+        self._start(f"outbox-rabbitmq-{self.exchange}", _close)  # state: [connection, channel]
 
     def __repr__(self) -> str:
         key = "" if self.routing_key is None else f" routing_key={self.routing_key!r}"
         return f"<RabbitMQPublisher exchange={self.exchange!r}{key} url={self.url!r}>"
-
-    def __enter__(self) -> RabbitMQPublisher:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     # -- the Publisher protocol ---------------------------------------------
 
@@ -157,31 +145,9 @@ class RabbitMQPublisher:
         :class:`RabbitMQUnavailableError` when the broker cannot be reached."""
         self._run(self._ping)
 
-    def close(self) -> None:
-        """Close the connection and stop the event loop and its thread; idempotent."""
-        with self._lock:
-            self._closed = True
-            self._stop()
-
-    def _run(self, call: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-        """Run ``call()`` on the loop; wait at most ``timeout``; map the client's errors.
-        After a failure the connection is dropped: the next call connects afresh."""
-        aiormq = self._aiormq
-        with self._lock:
-            if self._closed:
-                raise RabbitMQUnavailableError("the RabbitMQ publisher is closed",
-                                               error_code="rabbitmq_closed")
-            try:
-                return self._runner.call(call(), self.timeout)
-            except CallTimeout:
-                self._drop()
-                raise RabbitMQUnavailableError(
-                    f"{self._where()}: no answer within {self.timeout:g} s",
-                    error_code="rabbitmq_timeout") from None
-            except (aiormq.exceptions.AMQPError, aiormq.exceptions.ChannelInvalidStateError,
-                    OSError, asyncio.TimeoutError, asyncio.CancelledError) as exc:
-                self._drop()
-                raise self._error(exc) from None
+    def _client_errors(self) -> tuple[type[BaseException], ...]:
+        errors = self._aiormq.exceptions
+        return errors.AMQPError, errors.ChannelInvalidStateError
 
     # -- inside the event loop ------------------------------------------------
 
@@ -235,11 +201,6 @@ class RabbitMQPublisher:
         return failures
 
     # -- helpers --------------------------------------------------------------
-
-    def _drop(self) -> None:
-        """Forget the connection (closing it in the background): the next call connects."""
-        state, self._state[:] = list(self._state), [None, None]
-        self._runner.spawn(_close(state))
 
     def _where(self) -> str:
         return f"RabbitMQ at {self.url}"
