@@ -53,7 +53,6 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
 
-import peewee as pw  # noqa: E402
 import pymysql  # noqa: E402
 
 from outbox_lite import OutboxRepository  # noqa: E402

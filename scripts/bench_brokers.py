@@ -358,13 +358,10 @@ def main(argv: list[str] | None = None) -> int:
         _publish_main(a[0], a[1], int(a[2]), int(a[3]), int(a[4]), a[5], float(a[6]))
         return 0
     sys.path.insert(0, str(ROOT))  # runs from a checkout too
-    from outbox_lite import migrate as schema
-    from outbox_lite._db import DEFAULT_URL, DatabaseUrl
+    from _scratch import add_database_option, scratch_database, server_url
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL",
-                        help="server for the relay; runs in <database>_bench_brokers, created"
-                             f" and dropped (default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})")
+    add_database_option(parser, "bench_brokers")
     parser.add_argument("--only", choices=("publish", "relay"), action="append",
                         help="run only this measure (default: both)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per side (default 3)")
@@ -380,19 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     if "publish" in only:
         report["publish"] = compare_publish(**sizes)
     if "relay" in only:
-        base = DatabaseUrl.parse(args.database_url or os.environ.get("OUTBOX_DATABASE_URL")
-                                 or DEFAULT_URL)
-        url = base.with_name(f"{base.name}_bench_brokers")
-        url.drop_database()
-        url.create_database()
-        try:
-            database = url.database()
-            schema.migrate(database)
-            database.close()
+        with scratch_database(args.database_url, "bench_brokers") as url:
             report["relay"] = compare_relay(url, **sizes)
-            report["relay"]["server"] = f"{base.host}:{base.port}"
-        finally:
-            url.drop_database()
+        base = server_url(args.database_url)
+        report["relay"]["server"] = f"{base.host}:{base.port}"
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

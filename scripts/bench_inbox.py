@@ -34,9 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a c
 import pymysql  # noqa: E402
 
 from outbox_lite import Inbox  # noqa: E402
-from outbox_lite import migrate as schema  # noqa: E402
-from outbox_lite._db import DEFAULT_URL, DatabaseUrl  # noqa: E402
+from outbox_lite._db import DatabaseUrl  # noqa: E402
 from outbox_lite._server import peewee_query, server_of  # noqa: E402
+
+from _scratch import add_database_option, scratch_database  # noqa: E402  (beside this script)
 
 RAW_INSERT = "INSERT INTO inbox_message (consumer, message_id, received_at) VALUES (%s, %s, %s)"
 EFFECT = ("CREATE TABLE effect (id BIGINT AUTO_INCREMENT PRIMARY KEY, message_id"
@@ -125,7 +126,7 @@ def accept_round(url: DatabaseUrl, side: str, threads: int, per_thread: int) -> 
     admin.execute_sql("TRUNCATE TABLE inbox_message")
     admin.close()
     ids = [_ids(per_thread) for _ in range(threads)]
-    ready = [None] * threads  # type: list[Any]
+    ready: list[Any] = [None] * threads
     for i in range(threads):
         if side in ("library", "peewee"):
             database = url.database()
@@ -181,9 +182,7 @@ def taking_turns(rounds: int, sides: dict[str, Callable[[], float]]) -> list[dic
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL",
-                        help="server to use; the bench runs in <database>_bench_inbox, created"
-                             f" and dropped (default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})")
+    add_database_option(parser, "bench_inbox")
     parser.add_argument("--rounds", type=int, default=7, help="rounds (default 7)")
     parser.add_argument("--transactions", type=int, default=1000,
                         help="consumer transactions per side and round (default 1000)")
@@ -193,15 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
 
-    base = DatabaseUrl.parse(args.database_url or os.environ.get("OUTBOX_DATABASE_URL")
-                             or DEFAULT_URL)
-    url = base.with_name(f"{base.name}_bench_inbox")
-    url.drop_database()
-    url.create_database()
-    try:
+    with scratch_database(args.database_url, "bench_inbox", EFFECT) as url:
         database = url.database()
-        schema.migrate(database)
-        database.execute_sql(EFFECT)
         query = peewee_query(database)
         server = server_of(query)
         settings = dict(query("SELECT 'innodb_flush_log_at_trx_commit',"
@@ -212,8 +204,6 @@ def main(argv: list[str] | None = None) -> int:
         accepts = taking_turns(args.rounds, {
             side: (lambda side=side: accept_round(url, side, args.threads, args.per_thread))
             for side in ("library", "raw", "peewee")})
-    finally:
-        url.drop_database()
 
     def row(name: str, runs: list[dict[str, float]], a: str, b: str,
             target: str) -> tuple[str, float, float, float, str]:

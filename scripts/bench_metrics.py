@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -31,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a c
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from outbox_lite import OutboxRepository  # noqa: E402
-from outbox_lite import migrate as schema  # noqa: E402
-from outbox_lite._db import DEFAULT_URL, DatabaseUrl  # noqa: E402
 from outbox_lite.metrics import RelayMetrics  # noqa: E402
 from outbox_lite.relay import Relay, RoundResult  # noqa: E402
+
+from _scratch import add_database_option, scratch_database  # noqa: E402  (beside this script)
 
 PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512"}
 
@@ -140,26 +139,14 @@ def format_report(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL",
-                        help="server to use; runs in <database>_bench_metrics, created and"
-                             f" dropped (default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})")
+    add_database_option(parser, "bench_metrics")
     parser.add_argument("--rounds", type=int, default=9, help="drains per side (default 9)")
     parser.add_argument("--events", type=int, default=10_000, help="events (default 10000)")
     parser.add_argument("--batch", type=int, default=100, help="batch size (default 100)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
-    base = DatabaseUrl.parse(args.database_url or os.environ.get("OUTBOX_DATABASE_URL")
-                             or DEFAULT_URL)
-    url = base.with_name(f"{base.name}_bench_metrics")
-    url.drop_database()
-    url.create_database()
-    try:
-        database = url.database()
-        schema.migrate(database)
-        database.close()
+    with scratch_database(args.database_url, "bench_metrics") as url:
         report = measure(url, rounds=args.rounds, events=args.events, batch=args.batch)
-    finally:
-        url.drop_database()
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

@@ -346,13 +346,10 @@ def main(argv: list[str] | None = None) -> int:
             _twin_main(json.loads(args[0]), args[1], args[2], int(args[3]), args[4])
         return 0
     sys.path.insert(0, str(ROOT))  # runs from a checkout too
-    from outbox_lite import migrate as schema
-    from outbox_lite._db import DEFAULT_URL, DatabaseUrl
+    from _scratch import add_database_option, scratch_database
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL",
-                        help="server to use; runs in <database>_bench_relay, created and dropped"
-                             f" (default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})")
+    add_database_option(parser, "bench_relay")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
                         help=f"Redis for BullMQ (default: {DEFAULT_REDIS_URL})")
     parser.add_argument("--only", choices=("relay", "latency"), action="append",
@@ -365,22 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20, help="writing time (default 20)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
-    base = DatabaseUrl.parse(args.database_url or os.environ.get("OUTBOX_DATABASE_URL")
-                             or DEFAULT_URL)
-    url = base.with_name(f"{base.name}_bench_relay")
-    url.drop_database()
-    url.create_database()
-    try:
-        database = url.database()
-        schema.migrate(database)
-        database.execute_sql("CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
-                             " name VARCHAR(64) NOT NULL) ENGINE=InnoDB")
-        database.close()
+    job_table = ("CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+                 " name VARCHAR(64) NOT NULL) ENGINE=InnoDB")
+    with scratch_database(args.database_url, "bench_relay", job_table) as url:
         report = run_measures(url, args.redis_url, set(args.only or ("relay", "latency")),
                               rounds=args.rounds, events=args.events, batch=args.batch,
                               workers=args.workers, rate=args.rate, seconds=args.seconds)
-    finally:
-        url.drop_database()
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

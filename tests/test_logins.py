@@ -11,7 +11,6 @@ password must go RSA-encrypted: PyMySQL needs its ``rsa`` extra (cryptography) f
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import subprocess
