@@ -150,9 +150,8 @@ def test_a_redelivery_answered_false_in_an_open_transaction_makes_nobody_wait(
     b.commit()
 
 
-@pytest.mark.parametrize("isolation", ISOLATION_LEVELS)
-def test_a_twin_waiting_for_the_first_delivery_gets_false_once_it_commits(
-        sessions, bounded, fetch, isolation):
+def _twin_waiting_for_m5(sessions, fetch, isolation):
+    """Session a has accepted m5 and not committed; b's accept of m5 waits for it."""
     a, b = sessions(), sessions()
     b.run(b.db.execute_sql, "SET SESSION innodb_lock_wait_timeout = 30")
     a.begin(isolation)
@@ -160,6 +159,13 @@ def test_a_twin_waiting_for_the_first_delivery_gets_false_once_it_commits(
     b.begin(isolation)
     twin = b.start(b.inbox.accept, "m5")
     _until_waiting(fetch, b)
+    return a, b, twin
+
+
+@pytest.mark.parametrize("isolation", ISOLATION_LEVELS)
+def test_a_twin_waiting_for_the_first_delivery_gets_false_once_it_commits(
+        sessions, bounded, fetch, isolation):
+    a, b, twin = _twin_waiting_for_m5(sessions, fetch, isolation)
     assert probe(sessions, NEIGHBOURS, isolation) == {i: True for i in NEIGHBOURS}
     a.commit()
     assert twin.result(timeout=30) is False
@@ -176,13 +182,7 @@ def test_a_twin_waiting_for_a_first_delivery_that_rolls_back_gets_true_and_its_g
     rolls back, its record is removed and the waiting twin's lock is handed on to the gap
     (lock inheritance), so until the twin's transaction ends, inserts into that gap wait.
     This is the one case in which accepts of different ids wait on each other (README)."""
-    a, b = sessions(), sessions()
-    b.run(b.db.execute_sql, "SET SESSION innodb_lock_wait_timeout = 30")
-    a.begin(isolation)
-    assert a.accept("m5") is True
-    b.begin(isolation)
-    twin = b.start(b.inbox.accept, "m5")
-    _until_waiting(fetch, b)
+    a, b, twin = _twin_waiting_for_m5(sessions, fetch, isolation)
     a.rollback()
     assert twin.result(timeout=30) is True
     assert probe(sessions, ["m4", "m6", "m1", "m9"], isolation) == {
