@@ -1,0 +1,286 @@
+"""The ``outbox-lite`` command: flags and ``OUTBOX_*`` variables mapped onto the library.
+
+The root parser, ``migrate`` and ``contention`` (the main job) are here; the other command
+groups each have a module: :mod:`.events` (stats, dead letters, purge), :mod:`.relay`,
+:mod:`.inbox`; :mod:`._args` holds what they share.
+
+Every failure ends as one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import re
+import signal
+import sys
+from typing import Any, Callable, NoReturn, Sequence
+
+import peewee as pw
+import pymysql
+
+from .. import __version__, _signals
+from .._db import DatabaseExistsError, DatabaseUrl, DatabaseUrlError, tls_failure
+from ..errors import OutboxError, driver_errno
+from ..models import HISTORY_TABLE
+from ..payload import redact
+from . import events, inbox, relay
+from ._args import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, add_database_flag,
+                    database_url, open_database, parse_positive)
+
+__all__ = ["build_parser", "main", "version_line"]
+
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a command ended by SIGPIPE (128 + 13)
+
+_SERVER_ERRORS = {
+    1044: "access denied to database {url.name} for user {url.user}",
+    1045: "access denied for user {url.user} (check the user and password)",
+    1698: "access denied for user {url.user} (check the user and password)",
+    1049: "database {url.name} does not exist (run: outbox-lite migrate)",
+    1146: "table outbox_event is missing in {url.name} (run: outbox-lite migrate)",
+    2003: "cannot reach the MySQL server at {url.host}:{url.port}",
+    2005: "unknown MySQL server host {url.host}",
+}
+#: "CREATE command denied to user 'app'@'host' for table `db`.`t`" (MariaDB; MySQL: 't').
+_DENIED_RE = re.compile(r"(\w+) command denied to user '([^']*)'@'[^']*' for table "
+                        r"[`']?(?:[^`'.]*[`']?\.[`']?)?([^`'.]+)[`']?")
+_GRANTS = "see 'Schema, migrations and grants' in the README"
+_PRIVILEGE_HINTS = {
+    "migrate": "migrate needs SELECT on {history} to see what is applied, and CREATE, "
+               "ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the database to apply "
+               "or roll back migrations; " + _GRANTS,
+}
+
+
+
+def _describe(exc: BaseException, url: DatabaseUrl | None, command: str) -> str:
+    # Our errors chain the driver's (a ConnectionLostError from 2003, say): read its number.
+    driver = exc.__cause__ if isinstance(exc, OutboxError) and exc.__cause__ else exc
+    errno = driver_errno(driver)
+    if errno in (1142, 1143):  # a table (or column) privilege is missing
+        denied = _DENIED_RE.search(str(getattr(driver, "orig", driver)))
+        if denied:
+            what, user, table = denied.groups()
+            hint = _PRIVILEGE_HINTS.get(command, _GRANTS).format(history=HISTORY_TABLE)
+            return f"user {user} lacks the {what} privilege on table {table}: {hint}"
+    unreadable = url.unreadable_files() if isinstance(exc, OSError) and url else []
+    if unreadable:
+        return (f"URL parameter {unreadable[0]} names a file that does not exist or cannot "
+                "be read")
+    tls = tls_failure(exc)  # before 2003: "cannot reach" would hide why
+    if url is not None and tls is not None:
+        return f"TLS with the MySQL server at {url.host}:{url.port} failed: {tls}"
+    if url is not None and errno in _SERVER_ERRORS:
+        return _SERVER_ERRORS[errno].format(url=url)
+    orig = getattr(exc, "orig", exc)
+    return redact(str(orig) or type(orig).__name__)
+
+
+# ---------------------------------------------------------------------------
+# The main job: migrate, contention
+# ---------------------------------------------------------------------------
+
+def _cmd_migrate(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    from .. import migrate as schema  # peewee-migrate: only this command pays its import
+
+    if args.rollback:
+        if not url.exists():  # never create anything to undo nothing
+            print(f"nothing to roll back: database {url.name} does not exist")
+            return EXIT_OK
+        with open_database(url) as database:
+            name = schema.rollback(database)
+        print(f"rolled back {name}" if name else "nothing to roll back")
+        return EXIT_OK
+    if url.create_database():
+        print(f"created database {url.name}")
+    with open_database(url) as database:
+        applied = schema.migrate(database)
+    print("applied " + ", ".join(applied) if applied else f"{url.name} is up to date")
+    return EXIT_OK
+
+
+def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    from ..contention import ContentionSuite, format_table
+
+    def progress(message: str) -> None:
+        if not args.json:
+            print(f"... {message}", file=sys.stderr, flush=True)
+
+    target = url.with_name(f"{url.name}_contention")
+    suite = ContentionSuite(target, workers=args.workers, events=args.events,
+                            batch_size=args.batch_size, max_attempts=args.max_attempts,
+                            keep=args.keep, force=args.force, progress=progress)
+    try:
+        with _signals.interrupt_on(signal.SIGTERM):  # like Ctrl-C: the suite drops its database
+            results = suite.run(args.scenario or _all_scenarios())
+    except DatabaseExistsError:
+        raise CommandError(
+            f"database {target.name} exists already and the suite would replace it: drop "
+            "it yourself, or pass --force to let the suite drop and re-create it") from None
+    if args.json:
+        print(json.dumps({"database": str(target), "workers": args.workers,
+                          "events": args.events, "batch_size": args.batch_size,
+                          "ok": all(r.ok for r in results),
+                          "scenarios": [r.as_dict() for r in results]}, indent=2))
+    else:
+        print(format_table(results))
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED
+
+
+def _all_scenarios() -> tuple[str, ...]:
+    from ..contention import SCENARIOS
+    return SCENARIOS
+
+
+# ---------------------------------------------------------------------------
+# The parser
+# ---------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line too (argparse prints the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def version_line() -> str:
+    """outbox_lite's version and those of the Peewee line and drivers it runs on."""
+    from importlib import metadata  # only here: it costs every other command's start-up
+
+    return (f"outbox-lite {__version__} (Peewee {metadata.version('peewee')}, "
+            f"peewee-migrate {metadata.version('peewee-migrate')}, "
+            f"PyMySQL {metadata.version('PyMySQL')}, Python {platform.python_version()})")
+
+
+class _Version(argparse.Action):
+    """``--version``: prints :func:`version_line` (looked up only when asked) and exits."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                         nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(version_line())
+        parser.exit()
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="outbox-lite", description="Transactional outbox tools for MySQL/MariaDB.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    parser.add_argument("--version", action=_Version,
+                        help="show the versions of outbox-lite, Peewee, peewee-migrate, "
+                             "PyMySQL and Python, then exit")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser(
+        "migrate", help="apply pending schema migrations (creates the database if missing)",
+        description="Apply pending migrations; a second run is a no-op (a user with SELECT "
+                    f"on {HISTORY_TABLE} and no DDL rights can run it to check). "
+                    "--rollback undoes the last applied migration instead, and changes "
+                    "nothing on a database never migrated.")
+    add_database_flag(p)
+    p.add_argument("--rollback", action="store_true", help="undo the last applied migration")
+    p.set_defaults(handler=_cmd_migrate)
+
+    p = commands.add_parser(
+        "contention", help="run the multi-worker lock contention suite",
+        description="Worker threads, each on its own connection, race over an outbox seeded "
+                    "in a database of its own, <database>_contention, which it creates and "
+                    "drops afterwards (unless --keep). When that database exists already it "
+                    "refuses to run, unless --force lets it drop and re-create it. Each "
+                    "scenario checks its invariants against the database; the exit status "
+                    "is 1 when one breaks.")
+    add_database_flag(p)
+    p.add_argument("--scenario", action="append", choices=_all_scenarios(),
+                   help="run only this scenario (repeatable; default: all, in order)")
+    p.add_argument("--workers", type=parse_positive, default=8,
+                   help="worker threads, each with its own connection (default: 8)")
+    p.add_argument("--events", type=parse_positive, default=2000,
+                   help="events seeded per scenario (default: 2000)")
+    p.add_argument("--batch-size", type=parse_positive, default=50,
+                   help="claim_batch limit per claim (default: 50)")
+    p.add_argument("--max-attempts", type=parse_positive, default=3,
+                   help="attempts before a dead letter, for crash/retry (default: 3)")
+    p.add_argument("--keep", action="store_true", help="keep the contention database")
+    p.add_argument("--force", action="store_true",
+                   help="drop and re-create <database>_contention when it exists already")
+    p.add_argument("--json", action="store_true", help="print one JSON document, no table")
+    p.set_defaults(handler=_cmd_contention)
+
+    events.add_commands(commands)
+    relay.add_commands(commands)
+    inbox.add_commands(commands)
+    return parser
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: send what is left to /dev/null, so the interpreter's last flush
+    at exit finds nothing to complain about."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # Their own lines would repeat what our one line says (aiormq: "error when creating
+        # transport" before the publisher reports the broker unreachable).
+        for name in ("peewee_migrate", "aiormq", "nats"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    url: DatabaseUrl | None = None
+    handler: Callable[[argparse.Namespace, DatabaseUrl], int] = args.handler
+    try:
+        url = database_url(args)
+        status = handler(args, url)
+        sys.stdout.flush()  # a broken pipe surfaces here, not at the interpreter's exit
+        return status
+    except BrokenPipeError:  # the reader went away (stats | head -1): nothing to say
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except (DatabaseUrlError, ValueError) as exc:
+        if (interrupt := _interruption(exc)) is not None:
+            return _interrupted(args.command, interrupt)
+        print(f"outbox-lite {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (CommandError, OutboxError, pw.PeeweeException, pymysql.MySQLError, OSError,
+            RuntimeError) as exc:
+        if (interrupt := _interruption(exc)) is not None:
+            return _interrupted(args.command, interrupt)
+        print(f"outbox-lite {args.command}: error: {_describe(exc, url, args.command)}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a signal that stops at once (_signals)
+        return _interrupted(args.command, exc)
+
+
+def _interruption(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt an error was raised while unwinding from (a rollback on the connection
+    the interrupt broke, say), if any: that error is the interrupt's consequence."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _interrupted(command: str, exc: KeyboardInterrupt) -> int:
+    signum = exc.signum if isinstance(exc, _signals.Interrupted) else signal.SIGINT
+    print(f"outbox-lite {command}: interrupted by {signal.Signals(signum).name}",
+          file=sys.stderr)
+    return 128 + signum  # what a shell reports for a command the signal ended: 130, 143

@@ -1,0 +1,151 @@
+"""What the commands share: exit statuses, the two errors a command reports, the flags'
+value types, the database flag and the command's connection. The one place where flags and
+``OUTBOX_*`` variables become the library's arguments is here and in each command group's
+``add_commands``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import math
+import os
+from typing import Iterator, NamedTuple
+
+import peewee as pw
+
+from .. import _checks
+from .._db import DEFAULT_URL, DatabaseUrl
+from ..errors import OutboxError
+from ..repository import OutboxRepository
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a command ended by SIGPIPE (128 + 13)
+
+
+class CommandError(Exception):
+    """A failure the command reports in one line."""
+
+
+class UsageError(ValueError):
+    """Flags that do not fit together (exit status 2, like argparse's own errors)."""
+
+
+def database_url(args: argparse.Namespace) -> DatabaseUrl:
+    raw = args.database_url or os.environ.get("OUTBOX_DATABASE_URL") or DEFAULT_URL
+    return DatabaseUrl.parse(raw)
+
+
+class Age(NamedTuple):
+    """A duration as the user wrote it (``7d``) and as a timedelta."""
+
+    text: str
+    delta: dt.timedelta
+
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+UNIT_HELP = "s, m, h, d or w (seconds, minutes, hours, days, weeks)"
+
+
+def parse_age(text: str) -> Age:
+    """"90s", "15m", "12h", "7d", "2w": a unit is required (a bare 7 could mean anything)."""
+    text = text.strip()
+    number, unit = (text[:-1], text[-1].lower()) if text[-1:].lower() in UNITS else (text, "")
+    number = number.strip()
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration like 90s, 15m, 12h, 7d or 2w") from None
+    if not unit and math.isfinite(value):
+        if value <= 0:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} must be a positive number with a unit: {UNIT_HELP}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} needs a unit: {text}s, {text}m, {text}h, {text}d or {text}w")
+    return Age(f"{number}{unit}", checked_duration(text, value * UNITS.get(unit, 1)))
+
+
+def checked_duration(text: str, seconds: float) -> dt.timedelta:
+    """What the library's duration check allows, said in the command's words."""
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite duration")
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    if seconds > _checks.MAX_DURATION_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is longer than the limit, {_checks.MAX_DURATION_TEXT}")
+    return dt.timedelta(seconds=seconds)
+
+
+def parse_seconds(text: str) -> float:
+    """A positive number of seconds, e.g. 300 or 0.5."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    checked_duration(text, value)
+    return value
+
+
+def parse_positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def parse_event_id(text: str) -> int:
+    try:
+        return _checks.event_id(int(text))
+    except (ValueError, OutboxError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an event id (a whole number from 1)") from None
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+@contextlib.contextmanager
+def open_database(url: DatabaseUrl) -> Iterator[pw.MySQLDatabase]:
+    """The command's database, closed when the command is done with it."""
+    database = url.database()
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+@contextlib.contextmanager
+def open_repository(url: DatabaseUrl) -> Iterator[OutboxRepository]:
+    with open_database(url) as database:
+        yield OutboxRepository(database)
+
+
+
+def add_database_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url", metavar="URL",
+        help="mysql://user[:password]@host[:port]/database[?option=value&...] "
+             f"(default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL}). Percent-encode the user "
+             "and password (%% as %%25); options: " + ", ".join(url_options()))
+
+
+def url_options() -> list[str]:
+    from .._db import OPTIONS
+    return list(OPTIONS)
+
+
+
+def parse_port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is from 0 to 65535, not {value}")
+    return value

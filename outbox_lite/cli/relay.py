@@ -1,0 +1,274 @@
+"""``outbox-lite relay``: the worker loop, the broker its flags name (or a publisher
+factory), its metrics endpoint, and what a stop signal does."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, NamedTuple
+
+from .. import _signals
+from .._db import DatabaseUrl
+from ._args import (EXIT_OK, CommandError, UsageError, add_database_flag, open_repository,
+                    parse_port, parse_positive, parse_seconds)
+
+
+def add_commands(commands: Any) -> None:
+    """Add relay to the ``outbox-lite`` subcommands."""
+    p = commands.add_parser(
+        "relay", help="publish events to BullMQ, RabbitMQ, NATS JetStream (or any publisher)"
+                      " until stopped",
+        description="Runs the worker loop: release expired claims, claim a batch, publish it "
+                    "outside any transaction (renewing the claims while a publish runs long), "
+                    "record the outcomes. SIGTERM or SIGINT stop it once the batch in hand "
+                    "is recorded; a second SIGINT stops it at once. A progress line goes to "
+                    "stderr every few seconds; payloads and credentials never do.")
+    add_database_flag(p)
+    p.add_argument("--bullmq-url", metavar="REDIS_URL",
+                   help="publish to BullMQ on this Redis, redis://[:password@]host:port/db "
+                        "(default: $OUTBOX_BULLMQ_URL, which keeps a password out of ps); "
+                        "needs outbox-lite[bullmq] and --queue")
+    p.add_argument("--queue", metavar="NAME", help="the BullMQ queue to add jobs to")
+    p.add_argument("--rabbitmq-url", metavar="URL",
+                   help="publish to RabbitMQ with publisher confirms, amqp://user:password@"
+                        "host:port/vhost (default: $OUTBOX_RABBITMQ_URL); needs "
+                        "outbox-lite[rabbitmq] and --exchange")
+    p.add_argument("--exchange", metavar="NAME",
+                   help="the RabbitMQ exchange to publish to (it must exist)")
+    p.add_argument("--routing-key", metavar="KEY",
+                   help="the routing key of every message (default: the event's event_type)")
+    p.add_argument("--nats-url", metavar="URL",
+                   help="publish to NATS JetStream, nats://[user:password@]host:port, several "
+                        "separated by commas (default: $OUTBOX_NATS_URL); needs "
+                        "outbox-lite[nats] and --subject-prefix")
+    p.add_argument("--subject-prefix", metavar="PREFIX",
+                   help="publish each event to PREFIX.<event_type> (a JetStream stream must "
+                        "capture PREFIX.>)")
+    p.add_argument("--publisher", metavar="MODULE:FACTORY",
+                   help="instead of a shipped broker: publish with what this callable returns"
+                        " (an object with publish(events) and close()); MODULE is found in "
+                        "the current directory too, as with python -m")
+    p.add_argument("--batch-size", type=parse_positive, default=100,
+                   help="events per claim and per publish (default: 100)")
+    p.add_argument("--lock-timeout", type=parse_seconds, default=300.0, metavar="SECONDS",
+                   help="claims older than this go back to other relays; a publish that runs "
+                        "longer renews its claims every third of it (default: 300)")
+    p.add_argument("--ordered", action="store_true",
+                   help="claim only the head of each aggregate, so its events are published "
+                        "one at a time in id order (every relay of the outbox must use it)")
+    p.add_argument("--worker-id", metavar="ID",
+                   help="the locked_by of this relay's claims (default: host:pid:random)")
+    p.add_argument("--until-empty", action="store_true",
+                   help="exit 0 once no event is pending or processing (with --ordered: but "
+                        "those behind a dead letter of their aggregate)")
+    p.add_argument("--max-idle-pause", type=parse_seconds, default=0.05, metavar="SECONDS",
+                   help="the longest wait between polls of an empty outbox, which bounds the "
+                        "delay of an event after a quiet spell: a longer one costs the server "
+                        "fewer queries (default: 0.05, about 60 queries/s)")
+    p.add_argument("--progress-every", type=parse_seconds, default=5.0, metavar="SECONDS",
+                   help="seconds between progress lines (default: 5)")
+    _add_metrics_flags(p)
+    p.set_defaults(handler=_cmd_relay)
+
+
+def _add_metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=parse_port, metavar="PORT",
+                        help="serve Prometheus metrics at /metrics and a health check at "
+                             "/healthz on this port (0: any free one, named at start-up); "
+                             "needs outbox-lite[metrics]")
+    parser.add_argument("--metrics-host", metavar="HOST",
+                        help="the address to serve them on (default: 127.0.0.1; 0.0.0.0 for "
+                             "every interface)")
+    parser.add_argument("--stats-every", type=parse_seconds, metavar="SECONDS",
+                        help="seconds between the outbox statistics read for the gauges, "
+                             "one query set per relay (default: 15)")
+    parser.add_argument("--stuck-after", type=parse_seconds, metavar="SECONDS",
+                        help="/healthz answers 503 once the relay's loop has made no progress "
+                             "for this long: a database or a publisher that does not return "
+                             "(default: the lock timeout, at least 10 s)")
+
+
+
+def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
+    from ..relay import Relay
+
+    metrics = _relay_metrics(args)
+    publisher = _publisher(args)
+    server = None
+    try:
+        with open_repository(url) as repo:
+            relay = Relay(repo, publisher, worker_id=args.worker_id,
+                          batch_size=args.batch_size, lock_timeout=args.lock_timeout,
+                          ordered=args.ordered, max_idle_pause=args.max_idle_pause,
+                          progress_every=args.progress_every, metrics=metrics,
+                          stuck_after=args.stuck_after)
+            repo.stats()  # a wrong URL, a missing grant or table: one line now, not in the loop
+            logging.getLogger("outbox_lite.relay").setLevel(logging.INFO)
+            if metrics is not None:
+                server = _serve_metrics(metrics, args.metrics_host, args.metrics_port)
+            stop = threading.Event()
+            with _signals.stop_on_signals(stop, _say_stopping):
+                print(f"outbox-lite relay {relay.worker_id}: from {url} to {publisher!r}"
+                      + (", ordered" if args.ordered else "")
+                      + (f"; metrics on {_metrics_url(server)}/metrics" if server else ""),
+                      file=sys.stderr, flush=True)
+                relay.run(stop, until_empty=args.until_empty)
+    finally:
+        if server is not None:
+            server.close()
+        publisher.close()
+    return EXIT_OK
+
+
+def _relay_metrics(args: argparse.Namespace) -> Any:
+    """The RelayMetrics that --metrics-port asks for (in prometheus_client's default
+    registry, with the process's own metrics), or None."""
+    if args.metrics_port is None:
+        given = [flag for flag, value in (("--metrics-host", args.metrics_host),
+                                          ("--stats-every", args.stats_every),
+                                          ("--stuck-after", args.stuck_after))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{' and '.join(given)} go{'es' if len(given) == 1 else ''}"
+                             " with --metrics-port")
+        return None
+    try:
+        from ..metrics import RelayMetrics
+    except ImportError as exc:
+        raise CommandError(str(exc)) from None
+    return RelayMetrics(stats_every=15.0 if args.stats_every is None else args.stats_every)
+
+
+def _serve_metrics(metrics: Any, host: str | None, port: int) -> Any:
+    host = host or "127.0.0.1"
+    try:
+        return metrics.serve(port, host)
+    except OSError as exc:
+        raise CommandError(f"--metrics-port {port}: cannot listen on {host}:{port}"
+                           f" ({exc.strerror or exc})") from None
+
+
+def _metrics_url(server: Any) -> str:
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    return f"http://{host}:{server.port}"
+
+
+class _Broker(NamedTuple):
+    """A shipped publisher as the relay's flags name it."""
+
+    url_flag: str  # --bullmq-url
+    url_env: str  # $OUTBOX_BULLMQ_URL
+    target_flags: tuple[str, ...]  # required first, then optional: ("--queue",)
+    make: Callable[[str, argparse.Namespace], Any]  # (url, args) -> publisher
+
+
+def _bullmq(url: str, args: argparse.Namespace) -> Any:
+    from ..publishers.bullmq import BullMQPublisher
+    return BullMQPublisher(url, args.queue)
+
+
+def _rabbitmq(url: str, args: argparse.Namespace) -> Any:
+    from ..publishers.rabbitmq import RabbitMQPublisher
+    return RabbitMQPublisher(url, args.exchange, routing_key=args.routing_key)
+
+
+def _nats(url: str, args: argparse.Namespace) -> Any:
+    from ..publishers.nats import NATSPublisher
+    return NATSPublisher(url, args.subject_prefix)
+
+
+_BROKERS = {
+    "BullMQ": _Broker("--bullmq-url", "OUTBOX_BULLMQ_URL", ("--queue",), _bullmq),
+    "RabbitMQ": _Broker("--rabbitmq-url", "OUTBOX_RABBITMQ_URL",
+                        ("--exchange", "--routing-key"), _rabbitmq),
+    "NATS": _Broker("--nats-url", "OUTBOX_NATS_URL", ("--subject-prefix",), _nats),
+}
+_NAME_A_BROKER = ("name a broker: --bullmq-url REDIS_URL --queue NAME, --rabbitmq-url URL "
+                  "--exchange NAME [--routing-key KEY], --nats-url URL --subject-prefix "
+                  "PREFIX (each URL also from $OUTBOX_BULLMQ_URL, $OUTBOX_RABBITMQ_URL, "
+                  "$OUTBOX_NATS_URL), or --publisher MODULE:FACTORY")
+
+
+def _flag_value(args: argparse.Namespace, flag: str) -> Any:
+    return getattr(args, flag.lstrip("-").replace("-", "_"))
+
+
+def _publisher(args: argparse.Namespace) -> Any:
+    """The publisher the flags name: one shipped broker's, or the one MODULE:FACTORY returns.
+    A broker is chosen by its flags on the command line; its URL flag may come from its
+    variable. The publisher is pinged before anything is claimed: an unreachable broker, a
+    wrong password, a missing exchange or stream is one line, now."""
+    given = {name: [f for f in (b.url_flag, *b.target_flags) if _flag_value(args, f)]
+             for name, b in _BROKERS.items()}
+    chosen = [name for name, flags in given.items() if flags]
+    if args.publisher:
+        if chosen:
+            flag = given[chosen[0]][0]
+            raise UsageError(f"{flag} goes with {_BROKERS[chosen[0]].url_flag}, not with"
+                             " --publisher")
+        return _publisher_from_factory(args.publisher)
+    if len(chosen) > 1:
+        raise UsageError(f"choose one broker, not {' and '.join(chosen)} "
+                         f"({', '.join(f for name in chosen for f in given[name])})")
+    if not chosen:
+        raise UsageError(_NAME_A_BROKER)
+    broker = _BROKERS[chosen[0]]
+    url = _flag_value(args, broker.url_flag) or os.environ.get(broker.url_env)
+    target = broker.target_flags[0]
+    if not url or not _flag_value(args, target):
+        missing = target if url else f"{broker.url_flag} (or ${broker.url_env})"
+        raise UsageError(f"{_NAME_A_BROKER}; {chosen[0]} also needs {missing}")
+    publisher = broker.make(url, args)
+    try:
+        publisher.ping()
+    except BaseException:
+        publisher.close()
+        raise
+    return publisher
+
+
+def _publisher_from_factory(spec: str) -> Any:
+    from ..relay import is_publisher
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise UsageError(
+            f"--publisher {spec!r} must be MODULE:FACTORY, e.g. myapp.outbox:publisher")
+    if not any(os.path.abspath(entry or os.curdir) == os.getcwd() for entry in sys.path):
+        # As `python -m` does: a module beside the user is found (the console script's own
+        # sys.path starts at its bin folder instead).
+        sys.path.insert(0, os.getcwd())
+    try:
+        factory: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            factory = getattr(factory, part)
+    except ImportError as exc:
+        raise UsageError(f"--publisher {spec}: cannot import {module_name} ({exc})") from None
+    except AttributeError:
+        raise UsageError(f"--publisher {spec}: {module_name} has no {attribute}") from None
+    if not callable(factory):
+        raise UsageError(f"--publisher {spec} is not callable")
+    publisher = factory()
+    if not is_publisher(publisher):
+        raise UsageError(f"--publisher {spec} returned a {type(publisher).__name__}, which has"
+                         " no publish(events) and close()")
+    return publisher
+
+
+def _say_stopping(signum: int, first: bool) -> None:
+    """What the signal that arrived does to the relay (said from the signal watcher thread,
+    never from the handler: see outbox_lite._signals)."""
+    name = signal.Signals(signum).name
+    if not first:
+        does = "already stopping after the batch in hand is recorded (SIGINT stops at once)"
+    elif signum == signal.SIGINT:
+        does = "stopping after the batch in hand is recorded (Ctrl-C again stops at once)"
+    else:
+        does = ("stopping after the batch in hand is recorded (a SIGINT stops at once,"
+                " leaving that batch's claims to expire)")
+    print(f"outbox-lite relay: {name}: {does}", file=sys.stderr, flush=True)
