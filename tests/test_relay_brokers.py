@@ -26,6 +26,7 @@ from outbox_lite.relay import Relay
 
 from _brokers import (SHARED_NATS, SHARED_RABBITMQ, AMQPConsumer, Exchange, JetStreamConsumer,
                       Stream, drain_queue, new_exchange, new_stream)
+from _redis import SHARED_REDIS
 from _relays import TESTS, StopsServerBefore, finish, orders, relay_process, wait_for
 
 EVENTS = 2000
@@ -331,6 +332,28 @@ def test_configuration_errors_are_one_line_and_claim_nothing(
                  " GROUP BY status, attempt_count") == [
         {"status": "pending", "attempt_count": 0, "n": 10}]
     assert exchange.depth() == 0 and stream.count() == 0
+
+
+@pytest.mark.parametrize("hidden,args,extra", [
+    ("bullmq", ["--bullmq-url", SHARED_REDIS, "--queue", "q"], "bullmq"),
+    ("aiormq", ["--rabbitmq-url", SHARED_RABBITMQ, "--exchange", "x"], "rabbitmq"),
+    ("nats", ["--nats-url", SHARED_NATS, "--subject-prefix", "x"], "nats"),
+])
+def test_a_broker_whose_extra_is_missing_is_one_line_naming_it(
+        db, db_url, repo, fetch, hidden, args, extra):
+    orders(db, repo, 4)
+    code = (f"import sys; sys.modules[{hidden!r}] = None  # as if it were not installed\n"
+            "from outbox_lite.cli import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run(
+        [sys.executable, "-c", code, "relay", "--database-url", db_url.secret_text(), *args],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("outbox-lite relay: error: ")
+    assert f"pip install 'outbox-lite[{extra}]'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert fetch("SELECT status, attempt_count, COUNT(*) AS n FROM outbox_event"
+                 " GROUP BY status, attempt_count") == [
+        {"status": "pending", "attempt_count": 0, "n": 4}]
 
 
 def test_a_nats_password_is_checked_at_start_and_never_shown(db, db_url, repo, fetch,

@@ -223,7 +223,10 @@ def _publisher(args: argparse.Namespace) -> Any:
     if not url or not _flag_value(args, target):
         missing = target if url else f"{broker.url_flag} (or ${broker.url_env})"
         raise UsageError(f"{_NAME_A_BROKER}; {chosen[0]} also needs {missing}")
-    publisher = broker.make(url, args)
+    try:
+        publisher = broker.make(url, args)
+    except ImportError as exc:  # the broker's extra is not installed: the error says which
+        raise CommandError(str(exc)) from None
     try:
         publisher.ping()
     except BaseException:
