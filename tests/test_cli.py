@@ -249,6 +249,17 @@ def test_help_lists_the_duration_units_and_the_url_options():
     assert "ssl_ca" in stats and "%25" in stats
 
 
+@pytest.mark.parametrize("command", ["stats", "purge", "relay", "dead-letters", "migrate"])
+def test_help_is_wrapped_between_words_so_a_copied_url_works(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "72")  # a narrow terminal: the URL template is wider
+    lines = _cli(command, "--help").stdout.splitlines()
+    words = {word for line in lines for word in line.split()}
+    assert "mysql://user[:password]@host[:port]/database[?option=value&...]" in words
+    assert "Percent-encode" in words
+    blocks = "\n".join(lines).split("\n\n")  # usage, description, options
+    assert not blocks[1].startswith(("options:", "positional arguments:")), blocks[1]
+
+
 def test_a_broken_pipe_ends_quietly(db_url):
     # The reader is gone before the command writes (as `stats | head -1` ends early).
     read_end, write_end = os.pipe()

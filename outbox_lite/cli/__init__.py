@@ -17,6 +17,7 @@ import platform
 import re
 import signal
 import sys
+import textwrap
 from typing import Any, Callable, NoReturn, Sequence
 
 import peewee as pw
@@ -139,8 +140,27 @@ def _all_scenarios() -> tuple[str, ...]:
 # The parser
 # ---------------------------------------------------------------------------
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help wrapped between words only: a URL or ``Percent-encode`` stays whole, so that what
+    a reader copies from ``--help`` works."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False,
+                             break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent,
+                             subsequent_indent=indent, break_long_words=False,
+                             break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line too (argparse prints the whole usage first)."""
+    """Usage errors in one line too (argparse prints the whole usage first); help wrapped
+    between words (every subcommand's parser is one of these)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

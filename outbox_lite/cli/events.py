@@ -18,7 +18,12 @@ from ._args import (EXIT_OK, UNIT_HELP, Age, UsageError, add_database_flag, open
 
 def add_commands(commands: Any) -> None:
     """Add stats, dead-letters, requeue and purge to the ``outbox-lite`` subcommands."""
-    p = commands.add_parser("stats", help="counts per status, lag, stuck claims, dead letters")
+    p = commands.add_parser(
+        "stats", help="counts per status, lag, stuck claims, dead letters",
+        description="Read the outbox's state in one go, changing nothing: events per status, "
+                    "how long the oldest dispatchable event has waited, claims older than "
+                    "--lock-timeout (a relay that died holding them), dead letters per error "
+                    "code, and events held back behind a dead letter of their aggregate.")
     add_database_flag(p)
     p.add_argument("--lock-timeout", type=parse_seconds, default=300.0, metavar="SECONDS",
                    help="count claims older than this as expired (default: 300)")
@@ -28,8 +33,8 @@ def add_commands(commands: Any) -> None:
     p = commands.add_parser(
         "dead-letters", help="list, requeue or delete dead letters (failed events)",
         description="Without an action, lists the dead letters (id, event type, aggregate, "
-                    "error code, the stored message with credentials masked, attempts, how "
-                    "long ago they failed; never the payload), at most --limit, oldest id "
+                    "error code, attempts, how long ago they failed, the stored message with "
+                    "credentials masked; never the payload), at most --limit, oldest id "
                     "first, or --json. --requeue moves failed events back to pending with "
                     "attempt_count 0; --delete removes them for good. All act on every dead "
                     "letter, or on those selected by --id and/or --error-code; --delete of "
@@ -43,7 +48,12 @@ def add_commands(commands: Any) -> None:
                     "outbox-lite dead-letters --requeue.")
     _add_dead_letter_flags(p, action="requeue")
 
-    p = commands.add_parser("purge", help="delete old published events in bounded batches")
+    p = commands.add_parser(
+        "purge", help="delete old published events in bounded batches",
+        description="Delete published events whose published_at is older than AGE, "
+                    "--batch-size rows per DELETE, each committed alone, so that no long "
+                    "lock holds up the relays. Pending, processing and failed events are "
+                    "never touched.")
     add_database_flag(p)
     p.add_argument("--older-than", type=parse_age, required=True, metavar="AGE",
                    help="delete events published longer ago than AGE, a number with a unit: "
