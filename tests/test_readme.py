@@ -135,6 +135,7 @@ def test_the_nats_snippet_runs_as_written_and_prints_what_it_says(db_url, fetch,
         out = _run_block(block.replace(CONNECT, _ours(db_url))
                          .replace('"SHOP"', repr(target.name))
                          .replace('"shop.>"', repr(f"{prefix}.>"))
+                         .replace('"shop.order.paid"', repr(f"{prefix}.order.paid"))
                          .replace('"shop"', repr(prefix)), tmp_path)
         assert out == printed.replace("shop.", f"{prefix}.", 1)
         assert target.count() == 1
