@@ -11,7 +11,11 @@ before the next, the sides taking turns round by round:
   ``basic_publish`` calls gathered; ``pika``: pika's BlockingConnection with
   ``confirm_delivery()``, one confirm per message (the synchronous client, for reference);
 * ``nats``: ``NATSPublisher.publish``; ``nats-py``: the same JetStream publishes (subject,
-  headers, data) with nats-py alone, the batch's acks gathered.
+  headers, data) with nats-py alone, the batch's acks gathered; ``nats-py-encoding``: the same,
+  but each message's JSON body encoded as it is published, as any publisher given events must
+  (the other raw sides are handed ready bytes); ``nats-py-thread``: that, with nats-py on an
+  event loop in a thread of its own and each batch handed to it from the main thread, as a
+  synchronous publisher must (what is left between it and ``nats`` is the publisher's code).
 
 The clock runs from a common start (after every process has connected) to the last one done;
 each side is checked (the queue or stream holds every message). publisher / raw client is the
@@ -47,7 +51,8 @@ NATS_URL = "nats://127.0.0.1:4222"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512",
            "priority": 3, "tags": ["image", "resize"]}
-PUBLISH_SIDES = ("rabbitmq", "aiormq", "pika", "nats", "nats-py")
+PUBLISH_SIDES = ("rabbitmq", "aiormq", "pika", "nats", "nats-py", "nats-py-encoding",
+                 "nats-py-thread")
 
 
 # ---------------------------------------------------------------------------
@@ -58,7 +63,7 @@ def _messages(first: int, count: int, run: str) -> list[dict[str, Any]]:
     """What each message carries, spelled out so the raw sides need not import outbox_lite
     (checked against the publishers' own in ``_check_mapping``)."""
     return [{"id": n, "type": "job.created", "aggregate_type": "ai_job", "aggregate_id": str(n),
-             "message_id": f"outbox-{run}-{n}",
+             "message_id": f"outbox-{run}-{n}", "payload": {**PAYLOAD, "job_id": n},
              "body": json.dumps({**PAYLOAD, "job_id": n}, ensure_ascii=False,
                                 separators=(",", ":")).encode()}
             for n in range(first, first + count)]
@@ -74,8 +79,10 @@ def _publish_main(side: str, target: str, first: int, count: int, batch: int, ru
         asyncio.run(_aiormq_side(target, batches, start_at))
     elif side == "pika":
         _pika_side(target, batches, start_at)
+    elif side == "nats-py-thread":
+        _nats_py_thread_side(target, batches, start_at)
     else:
-        asyncio.run(_nats_py_side(target, batches, start_at))
+        asyncio.run(_nats_py_side(target, batches, start_at, encode=side == "nats-py-encoding"))
     print(time.time())
 
 
@@ -141,7 +148,7 @@ def _pika_side(exchange: str, batches: list[list[dict[str, Any]]], start_at: flo
 
 
 async def _nats_py_side(prefix: str, batches: list[list[dict[str, Any]]],
-                        start_at: float) -> None:
+                        start_at: float, encode: bool) -> None:
     import nats
 
     client = await nats.connect(NATS_URL)
@@ -149,11 +156,46 @@ async def _nats_py_side(prefix: str, batches: list[list[dict[str, Any]]],
     _wait(start_at)
     for b in batches:
         await asyncio.gather(*(js.publish(
-            f"{prefix}.{m['type']}", m["body"], timeout=10, headers={
+            f"{prefix}.{m['type']}", json.dumps(m["payload"], ensure_ascii=False,
+                                                separators=(",", ":")).encode()
+            if encode else m["body"], timeout=10, headers={
                 "Nats-Msg-Id": m["message_id"], "Outbox-Event-Id": str(m["id"]),
                 "Outbox-Event-Type": m["type"], "Outbox-Aggregate-Type": m["aggregate_type"],
                 "Outbox-Aggregate-Id": m["aggregate_id"]}) for m in b))
     await client.close()
+
+
+def _nats_py_thread_side(prefix: str, batches: list[list[dict[str, Any]]],
+                         start_at: float) -> None:
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    started = asyncio.run_coroutine_threadsafe(_nats_py_connect(), loop).result(30)
+    client, js = started
+    _wait(start_at)
+    for b in batches:
+        asyncio.run_coroutine_threadsafe(_nats_py_batch(js, prefix, b), loop).result(30)
+    asyncio.run_coroutine_threadsafe(client.close(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(30)
+
+
+async def _nats_py_connect() -> Any:
+    import nats
+
+    client = await nats.connect(NATS_URL)
+    return client, client.jetstream()
+
+
+async def _nats_py_batch(js: Any, prefix: str, batch: list[dict[str, Any]]) -> None:
+    await asyncio.gather(*(js.publish(
+        f"{prefix}.{m['type']}", json.dumps(m["payload"], ensure_ascii=False,
+                                            separators=(",", ":")).encode(), timeout=10,
+        headers={"Nats-Msg-Id": m["message_id"], "Outbox-Event-Id": str(m["id"]),
+                 "Outbox-Event-Type": m["type"], "Outbox-Aggregate-Type": m["aggregate_type"],
+                 "Outbox-Aggregate-Id": m["aggregate_id"]}) for m in batch))
 
 
 # ---------------------------------------------------------------------------
@@ -251,7 +293,9 @@ def compare_publish(*, events: int, batch: int, workers: int, rounds: int) -> di
     finally:
         targets.close()
     result: dict[str, Any] = {side: statistics.median(v) for side, v in rates.items()}
-    for a, b in (("rabbitmq", "aiormq"), ("pika", "aiormq"), ("nats", "nats-py")):
+    for a, b in (("rabbitmq", "aiormq"), ("pika", "aiormq"), ("nats", "nats-py"),
+                 ("nats", "nats-py-encoding"), ("nats-py-encoding", "nats-py"),
+                 ("nats", "nats-py-thread"), ("nats-py-thread", "nats-py-encoding")):
         result[f"{a}/{b}"] = statistics.median(x / y for x, y in zip(rates[a], rates[b]))
     result["rounds"] = {side: [round(v) for v in values] for side, values in rates.items()}
     return result
@@ -336,10 +380,15 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [
             f"confirmed publishes/s (no database): RabbitMQPublisher {p['rabbitmq']:,.0f},"
             f" aiormq {p['aiormq']:,.0f}, pika blocking {p['pika']:,.0f}; NATSPublisher"
-            f" {p['nats']:,.0f}, nats-py {p['nats-py']:,.0f}",
+            f" {p['nats']:,.0f}, nats-py {p['nats-py']:,.0f}, nats-py encoding each body"
+            f" {p['nats-py-encoding']:,.0f}, and on a loop thread {p['nats-py-thread']:,.0f}",
             f"  RabbitMQPublisher / aiormq {p['rabbitmq/aiormq']:.3f} (target >= 0.9),"
             f" NATSPublisher / nats-py {p['nats/nats-py']:.3f} (target >= 0.9),"
             f" pika / aiormq {p['pika/aiormq']:.3f}",
+            f"  NATSPublisher / nats-py encoding each body {p['nats/nats-py-encoding']:.3f},"
+            f" nats-py encoding / given bytes {p['nats-py-encoding/nats-py']:.3f};"
+            f" NATSPublisher / nats-py on a loop thread {p['nats/nats-py-thread']:.3f},"
+            f" loop thread / same loop {p['nats-py-thread/nats-py-encoding']:.3f}",
             f"  rounds: {p['rounds']}"]
     if "relay" in report:
         r = report["relay"]
