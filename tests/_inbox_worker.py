@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,7 +59,7 @@ def handler() -> Callable[[str, Any], None]:
         if commits == hang_after:
             marker.write_text(message_id)
             while True:  # committed, neither completed nor acked: wait for the SIGKILL
-                time.sleep(1)
+                signal.pause()
 
     return handle
 

@@ -65,6 +65,7 @@ class StopsServerBefore:
 
     def __init__(self, publisher, server, batch: int) -> None:
         self.publisher, self.server, self.batch, self.calls = publisher, server, batch, 0
+        self.failed_pings = 0  # pings the stopped broker did not answer
 
     def publish(self, events):
         self.calls += 1
@@ -73,7 +74,11 @@ class StopsServerBefore:
         return self.publisher.publish(events)
 
     def ping(self):
-        return self.publisher.ping()
+        try:
+            return self.publisher.ping()
+        except Exception:
+            self.failed_pings += 1
+            raise
 
     def close(self):
         self.publisher.close()
