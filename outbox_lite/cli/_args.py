@@ -127,6 +127,24 @@ def open_repository(url: DatabaseUrl) -> Iterator[OutboxRepository]:
 
 
 
+def add_age_flags(parser: argparse.ArgumentParser, rows: str) -> None:
+    """``--older-than AGE`` (required, with a unit) and ``--dry-run``, as every purge takes
+    them; ``rows`` names what goes, e.g. "events published"."""
+    parser.add_argument("--older-than", type=parse_age, required=True, metavar="AGE",
+                        help=f"delete {rows} longer ago than AGE, a number with a unit: "
+                             f"{UNIT_HELP}, e.g. 90s, 12h, 7d (a bare number is refused)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="say how many would be deleted, delete nothing")
+
+
+def say_purged(what: str, age: Age, dry_run: bool) -> None:
+    """A purge's one line: what went (or, in a dry run, would go) and how old it was."""
+    if dry_run:
+        print(f"would purge {what} older than {age.text} (dry run: nothing changed)")
+    else:
+        print(f"purged {what} older than {age.text}")
+
+
 def add_database_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url", metavar="URL",

@@ -12,8 +12,9 @@ from .._db import DatabaseUrl
 from ..models import MAX_ERROR_CODE_LENGTH, OutboxStatus
 from ..payload import redact
 from ..repository import OutboxRepository
-from ._args import (EXIT_OK, UNIT_HELP, Age, UsageError, add_database_flag, open_repository,
-                    parse_age, parse_event_id, parse_positive, parse_seconds, plural)
+from ._args import (EXIT_OK, Age, UsageError, add_age_flags, add_database_flag,
+                    open_repository, parse_event_id, parse_positive, parse_seconds, plural,
+                    say_purged)
 
 
 def add_commands(commands: Any) -> None:
@@ -55,13 +56,9 @@ def add_commands(commands: Any) -> None:
                     "lock holds up the relays. Pending, processing and failed events are "
                     "never touched.")
     add_database_flag(p)
-    p.add_argument("--older-than", type=parse_age, required=True, metavar="AGE",
-                   help="delete events published longer ago than AGE, a number with a unit: "
-                        f"{UNIT_HELP}, e.g. 90s, 12h, 7d (a bare number is refused)")
+    add_age_flags(p, "events published")
     p.add_argument("--batch-size", type=parse_positive, default=1000,
                    help="rows per DELETE statement, each committed alone (default: 1000)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="say how many would be deleted, delete nothing")
     p.set_defaults(handler=_cmd_purge)
 
 
@@ -220,11 +217,7 @@ def _cmd_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
                 & (model.published_at < cutoff)).count())
         else:
             deleted = repo.purge_published(age.delta, batch_size=args.batch_size)
-    events = plural(deleted, "published event")
-    if args.dry_run:
-        print(f"would purge {events} older than {age.text} (dry run: nothing changed)")
-    else:
-        print(f"purged {events} older than {age.text}")
+    say_purged(plural(deleted, "published event"), age, args.dry_run)
     return EXIT_OK
 
 

@@ -10,8 +10,9 @@ import peewee as pw
 from .. import _checks
 from .._db import DatabaseUrl
 from ..errors import OutboxError, driver_errno
-from ._args import (EXIT_OK, UNIT_HELP, Age, CommandError, add_database_flag, open_database,
-                    parse_age, parse_positive, plural)
+from ._args import (EXIT_OK, Age, CommandError, add_age_flags, add_database_flag,
+                    open_database, parse_positive, plural, say_purged)
+
 
 def _consumer_name(text: str) -> str:
     from ..inbox import MAX_CONSUMER_LENGTH
@@ -37,12 +38,8 @@ def _cmd_inbox_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
                 raise CommandError(f"table {inbox.TABLE_NAME} is missing in {url.name}"
                                    " (run: outbox-lite migrate)") from None
             raise
-    records = plural(count, "inbox record")
     whose = "" if args.consumer is None else f" of consumer {args.consumer}"
-    if args.dry_run:
-        print(f"would purge {records}{whose} older than {age.text} (dry run: nothing changed)")
-    else:
-        print(f"purged {records}{whose} older than {age.text}")
+    say_purged(plural(count, "inbox record") + whose, age, args.dry_run)
     return EXIT_OK
 
 
@@ -60,14 +57,10 @@ def add_commands(commands: Any) -> None:
                     "Keep records longer than any message can be redelivered: see the "
                     "README's consumer section.")
     add_database_flag(p)
-    p.add_argument("--older-than", type=parse_age, required=True, metavar="AGE",
-                   help="delete records received longer ago than AGE, a number with a unit: "
-                        f"{UNIT_HELP}, e.g. 90s, 12h, 7d (a bare number is refused)")
+    add_age_flags(p, "records received")
     p.add_argument("--consumer", type=_consumer_name, metavar="NAME",
                    help="only this consumer's records (default: every consumer's)")
     p.add_argument("--batch-size", type=parse_positive, default=1000,
                    help="rows per page, deleted by primary key and committed alone "
                         "(default: 1000)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="say how many would be deleted, delete nothing")
     p.set_defaults(handler=_cmd_inbox_purge, command="inbox purge")

@@ -81,7 +81,7 @@ def _crash(suite: ContentionSuite, result: Result, workers: Workers) -> None:
     suite.progress("crash: racing")
     results, errors = workers.run(suite.workers, first_round)
     orphans = sum(len(h) for h in held)
-    stuck = suite.query("SELECT COUNT(*) FROM outbox_event WHERE status = 'processing'")[0][0]
+    stuck = suite.count("SELECT COUNT(*) FROM outbox_event WHERE status = 'processing'")
     if stuck != orphans:
         result.violations.append(f"{stuck} events in processing, {orphans} held by the dead")
     suite.clock.advance(suite.lock_timeout + dt.timedelta(seconds=1))
@@ -92,8 +92,8 @@ def _crash(suite: ContentionSuite, result: Result, workers: Workers) -> None:
     suite.expect_statuses(result, {"published": len(ids)})
     suite.expect_attempts(result, "status = 'published'", 2, orphans)
     suite.expect_attempts(result, "status = 'published'", 1, len(ids) - orphans)
-    released = suite.query("SELECT COUNT(*) FROM outbox_event"
-                           " WHERE last_error_code = 'lock_expired'")[0][0]
+    released = suite.count("SELECT COUNT(*) FROM outbox_event"
+                           " WHERE last_error_code = 'lock_expired'")
     if released != orphans:
         result.violations.append(f"{released} claims released, {orphans} orphaned")
 
@@ -137,8 +137,8 @@ def _fencing(suite: ContentionSuite, result: Result, workers: Workers) -> None:
     late = 0
     for event in probe:
         late += _finish_late(repo, event.id, f"stale-{owner[event.id]}")
-    still_held = suite.query("SELECT COUNT(*) FROM outbox_event WHERE status = 'processing'"
-                             " AND locked_by = 'fresh-probe'")[0][0]
+    still_held = suite.count("SELECT COUNT(*) FROM outbox_event WHERE status = 'processing'"
+                             " AND locked_by = 'fresh-probe'")
     if still_held != len(probe):
         result.violations.append(
             f"stale calls changed {len(probe) - still_held} events another worker held")
@@ -164,8 +164,8 @@ def _fencing(suite: ContentionSuite, result: Result, workers: Workers) -> None:
         result.violations.append(f"{sum(accepted)} stale calls were accepted")
     suite.expect_statuses(result, {"published": len(ids)})
     suite.expect_attempts(result, "status = 'published'", 2, len(ids))
-    stale_sink = suite.query("SELECT COUNT(*) FROM contention_sink"
-                             " WHERE worker LIKE 'stale-%%'")[0][0]
+    stale_sink = suite.count("SELECT COUNT(*) FROM contention_sink"
+                             " WHERE worker LIKE 'stale-%%'")
     if stale_sink:
         result.violations.append(f"{stale_sink} publishes by stale workers")
 
@@ -194,8 +194,8 @@ def _retry(suite: ContentionSuite, result: Result, workers: Workers) -> None:
                           len(late))
     suite.expect_attempts(result, "status = 'published' AND MOD(id, 5) > 1", 1,
                           len(ids) - len(doomed) - len(late))
-    wrong_code = suite.query("SELECT COUNT(*) FROM outbox_event WHERE status = 'failed'"
-                             " AND last_error_code <> 'publish_failed'")[0][0]
+    wrong_code = suite.count("SELECT COUNT(*) FROM outbox_event WHERE status = 'failed'"
+                             " AND last_error_code <> 'publish_failed'")
     if wrong_code:
         result.violations.append(f"{wrong_code} dead letters with the wrong error code")
 
@@ -321,10 +321,10 @@ def _ordered(suite: ContentionSuite, result: Result, workers: Workers) -> None:
                  " aggregate")
     behind = {i for i in ids for p in poisoned
               if aggregate_of[i] == aggregate_of[p] and i > p}
-    leaked = suite.query(
+    leaked = suite.count(
         "SELECT COUNT(*) FROM outbox_event e JOIN outbox_event f ON f.status = 'failed'"
         " AND f.aggregate_type = e.aggregate_type AND f.aggregate_id = e.aggregate_id"
-        " AND f.id < e.id WHERE e.status <> 'pending' OR e.attempt_count > 0")[0][0]
+        " AND f.id < e.id WHERE e.status <> 'pending' OR e.attempt_count > 0")
     if leaked:
         v.append(f"{leaked} events behind a dead letter were claimed")
     suite.expect_statuses(result, {"published": len(ids) - len(poisoned) - len(behind),
@@ -445,8 +445,8 @@ def _lease(suite: ContentionSuite, result: Result, workers: Workers) -> None:
     if sum(late):
         v.append(f"{sum(late)} stale calls of stalled publishers were accepted")
     orphans = sum(len(h) for h in stalled_held)
-    released = suite.query("SELECT COUNT(*) FROM outbox_event"
-                           " WHERE last_error_code = 'lock_expired'")[0][0]
+    released = suite.count("SELECT COUNT(*) FROM outbox_event"
+                           " WHERE last_error_code = 'lock_expired'")
     if released != orphans:
         v.append(f"{released} claims released, {orphans} held by stalled publishers")
     suite.expect_statuses(result, {"published": len(ids)})

@@ -265,6 +265,10 @@ class ContentionSuite:
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         return list(self.database.execute_sql(sql, params).fetchall())
 
+    def count(self, sql: str, *params: Any) -> int:
+        """The one number a counting query (``SELECT COUNT(…) …``) answers."""
+        return int(self.query(sql, *params)[0][0])
+
     def publish(self, worker: str, events: Iterable[tuple[int, int]]) -> None:
         """The "broker": one sink row per (event id, attempt) published."""
         rows = list(events)
@@ -275,13 +279,13 @@ class ContentionSuite:
                 [value for event_id, attempt in rows for value in (event_id, worker, attempt)])
 
     def pending_left(self) -> int:
-        return self.query("SELECT COUNT(*) FROM outbox_event WHERE status = 'pending'")[0][0]
+        return self.count("SELECT COUNT(*) FROM outbox_event WHERE status = 'pending'")
 
     def unblocked_left(self) -> int:
         """Pending or processing events not behind a dead letter of their aggregate."""
-        left = self.query("SELECT COUNT(*) FROM outbox_event"
-                          " WHERE status IN ('pending', 'processing')")[0][0]
-        return left - self.query(sql.HELD_BACK)[0][0] if left else 0
+        left = self.count("SELECT COUNT(*) FROM outbox_event"
+                          " WHERE status IN ('pending', 'processing')")
+        return left - self.count(sql.HELD_BACK) if left else 0
 
     def enter_flight(self, batch: list[Any], workers: Workers) -> int:
         """Mark the batch's aggregates in flight; returns how many already were.
@@ -359,17 +363,17 @@ class ContentionSuite:
         twice = len(claims) - len(set(claims))
         if twice:
             v.append(f"{twice} claims handed an event to two workers at once")
-        leaked = self.query("SELECT COUNT(*) FROM outbox_event WHERE status <> 'processing'"
-                             " AND (locked_by IS NOT NULL OR locked_at IS NOT NULL)")[0][0]
+        leaked = self.count("SELECT COUNT(*) FROM outbox_event WHERE status <> 'processing'"
+                            " AND (locked_by IS NOT NULL OR locked_at IS NOT NULL)")
         if leaked:
             v.append(f"{leaked} finished events still carry a lock")
-        dupes = self.query("SELECT COUNT(*) FROM (SELECT event_id FROM contention_sink"
-                            " GROUP BY event_id HAVING COUNT(*) > 1) d")[0][0]
+        dupes = self.count("SELECT COUNT(*) FROM (SELECT event_id FROM contention_sink"
+                           " GROUP BY event_id HAVING COUNT(*) > 1) d")
         if dupes:
             v.append(f"{dupes} events were published more than once")
-        unpublished = self.query(
+        unpublished = self.count(
             "SELECT COUNT(*) FROM outbox_event e WHERE (e.status = 'published') <>"
-            " EXISTS (SELECT 1 FROM contention_sink s WHERE s.event_id = e.id)")[0][0]
+            " EXISTS (SELECT 1 FROM contention_sink s WHERE s.event_id = e.id)")
         if unpublished:
             v.append(f"{unpublished} events disagree between their status and the sink")
         result.claims = len(claims)
@@ -380,12 +384,11 @@ class ContentionSuite:
             result.violations.append(f"statuses {actual}, expected {expected}")
 
     def expect_attempts(self, result: Result, where: str, attempts: int, count: int) -> None:
-        found = self.query(f"SELECT COUNT(*) FROM outbox_event WHERE {where}"
-                            " AND attempt_count = %s", attempts)[0][0]
+        found = self.count(f"SELECT COUNT(*) FROM outbox_event WHERE {where}"
+                           " AND attempt_count = %s", attempts)
         if found != count:
             result.violations.append(
                 f"{found} events where {where} have attempt_count {attempts}, expected {count}")
-
 
 
 def format_table(results: list[Result]) -> str:
