@@ -107,9 +107,11 @@ def _own_mysql(options: dict[str, object]) -> Iterator[DatabaseUrl]:
 
 
 @contextlib.contextmanager
-def own_server(test_url: DatabaseUrl, **options: object) -> Iterator[DatabaseUrl]:
-    """A private server of ``test_url``'s family started with ``options`` as flags
+def own_server(**options: object) -> Iterator[DatabaseUrl]:
+    """A private server of the test server's family started with ``options`` as flags
     (``max_allowed_packet=65536`` is ``--max-allowed-packet=65536``); its URL, then it stops."""
+    test_url = DatabaseUrl.parse(
+        os.environ.get("OUTBOX_TEST_DATABASE_URL", "mysql://root@127.0.0.1:3306/outbox_lite_test"))
     own = _own_mariadb if _family_is_mariadb(test_url) else _own_mysql
     with own(options) as url:
         yield url
