@@ -53,9 +53,17 @@ def level(text: str) -> str:
     return " ".join(text.replace("-", " ").replace("_", " ").upper().split())
 
 
+def _connection(database: pw.Database) -> Any:
+    """The calling thread's connection, opened as Peewee's ``cursor()`` would open it (not at
+    all when the database was made with ``autoconnect=False``)."""
+    if database.is_closed() and not getattr(database, "autoconnect", True):
+        raise pw.InterfaceError("Error, database connection not opened.")
+    return database.connection()
+
+
 def _ask(database: pw.Database) -> tuple[Any, Session]:
     """Ask the server about the calling thread's connection: one round trip."""
-    variable = Server(str(database.connection().server_version)).isolation_variable
+    variable = Server(str(_connection(database).server_version)).isolation_variable
     row = database.execute_sql(
         f"SELECT @@SESSION.autocommit, @@SESSION.{variable}").fetchone()
     session = Session(autocommit=bool(int(row[0])), isolation=level(str(row[1])))
@@ -70,7 +78,7 @@ def prepare(database: pw.Database) -> Session:
     a connection is used), in autocommit when no transaction of the caller's is open.
 
     Raises Peewee's errors for a connection that cannot be had or used."""
-    conn = database.connection()
+    conn = _connection(database)
     with _lock:
         session = _sessions.get(conn)
     if session is None:
