@@ -443,9 +443,9 @@ def execute(database: pw.Database, sql: str, params: Sequence[Any]) -> Any:
     LockConflictError; a broken connection raises :func:`lost_connection`'s
     ConnectionLostError; anything else Peewee's own error."""
     try:
-        _session.prepare(database)
+        conn = _session.prepare(database)
         cursor = database.execute_sql(sql, params)
-        _session.settled(database)
+        _session.settled(database, conn)
         return cursor
     except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
         errno = driver_errno(exc)

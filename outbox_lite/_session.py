@@ -73,30 +73,34 @@ def _ask(database: pw.Database) -> tuple[Any, Session]:
     return conn, session
 
 
-def prepare(database: pw.Database) -> Session:
-    """The session of the calling thread's connection to ``database`` (asked the first time
-    a connection is used), in autocommit when no transaction of the caller's is open.
+def prepare(database: pw.Database) -> Any:
+    """Before a statement of the library's: make sure the calling thread's connection to
+    ``database`` was asked about (the first time it is used) and, when no transaction of the
+    caller's is open, is in autocommit. Returns that connection.
 
     Raises Peewee's errors for a connection that cannot be had or used."""
     conn = _connection(database)
-    with _lock:
-        session = _sessions.get(conn)
+    session = _sessions.get(conn)  # a dict read, atomic under the GIL; writes take the lock
     if session is None:
         conn, session = _ask(database)
     if not session.autocommit and not database.in_transaction():
         database.execute_sql("SET autocommit = 1")
         session.autocommit = True
         _warn(database)
-    return session
+    return conn
 
 
-def settled(database: pw.Database) -> None:
-    """After a statement: when it ran on a connection the library had not asked about (a
-    ReconnectMixin database reconnects and retries inside ``execute_sql``), ask now, so a
+def session_of(database: pw.Database) -> Session:
+    """What the server answered for the calling thread's connection (asked when not yet)."""
+    prepare(database)
+    return _sessions[database.connection()]
+
+
+def settled(database: pw.Database, conn: Any) -> None:
+    """After a statement: when it ran on another connection than ``conn`` (a ReconnectMixin
+    database reconnects and retries inside ``execute_sql``), prepare that one now, so a
     session with autocommit off commits it (``SET autocommit = 1`` commits)."""
-    with _lock:
-        known = database.connection() in _sessions
-    if not known:
+    if database.connection() is not conn:
         prepare(database)
 
 
@@ -125,13 +129,13 @@ def claim_isolation(database: pw.Database) -> str:
     given = kwargs.get("isolation_level", args[0] if args else None)
     if isinstance(given, str) and given:
         return level(given)
-    return prepare(database).isolation
+    return session_of(database).isolation
 
 
 def claim_transaction(database: pw.Database) -> Any:
     """``database.atomic()`` for a claim of the library's own (the relay's): at REPEATABLE
     READ when the session's level is SERIALIZABLE, under which claimers would wait for each
     other and deadlock. The level applies to that transaction only."""
-    if prepare(database).isolation == SERIALIZABLE:
+    if session_of(database).isolation == SERIALIZABLE:
         return database.atomic(isolation_level=CLAIM_LEVEL)
     return database.atomic()
