@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 import pymysql
 import pytest
+from playhouse.pool import PooledMySQLDatabase
 
 from outbox_lite import OutboxRepository
 from outbox_lite import migrate as schema
@@ -42,7 +43,7 @@ class Private:
         self.root = root
         #: (handshake flag, session autocommit) for root, raw and through PyMySQL's
         #: autocommit=True, read before init_connect was set.
-        self.root_answers = (_session(root, autocommit=None), _session(root, autocommit=True))
+        self.root_answers = (_answers(root, autocommit=None), _answers(root, autocommit=True))
         self.service = DatabaseUrl.parse(
             f"mysql://{SERVICE}:{PASSWORD}@{root.host}:{root.port}/{root.name}")
 
@@ -64,9 +65,9 @@ class Private:
 
 
 @pytest.fixture(scope="module")
-def private() -> Iterator[Private]:
+def private(server: Any) -> Iterator[Private]:
     with own_server(autocommit=0) as root:
-        server = Private(root)
+        private = Private(root)
         root.create_database()
         setup = root.database(init_command="SET autocommit = 1")  # set-up is not under test
         schema.migrate(setup)
@@ -75,14 +76,13 @@ def private() -> Iterator[Private]:
         try:
             with conn.cursor() as cur:
                 cur.execute("SET GLOBAL init_connect = 'SET autocommit = 0'")
-                cur.execute("SELECT VERSION()")
-                if "mariadb" in str(cur.fetchone()[0]).lower():
+                if server.is_mariadb:
                     cur.execute("SET GLOBAL autocommit = 1")  # see the module's docstring
-                cur.execute(f"CREATE USER '{SERVICE}'@'%' IDENTIFIED BY %s".replace("'%'", "'%%'"), (PASSWORD,))
+                cur.execute(f"CREATE USER '{SERVICE}'@'%%' IDENTIFIED BY %s", (PASSWORD,))
                 cur.execute(f"GRANT ALL ON `{root.name}`.* TO '{SERVICE}'@'%'")
         finally:
             conn.close()
-        yield server
+        yield private
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def _events(database: Any, repo: OutboxRepository, count: int) -> list[int]:
                 for n in range(count)]
 
 
-def _session(url: DatabaseUrl, **connect: Any) -> tuple[bool, int]:
+def _answers(url: DatabaseUrl, **connect: Any) -> tuple[bool, int]:
     """(the handshake's autocommit flag, the session's @@autocommit) for a new connection."""
     conn = pymysql.connect(host=url.host, port=url.port, user=url.user,
                            password=url.password, **connect)
@@ -122,7 +122,7 @@ def test_what_each_server_answers_and_what_the_library_makes_of_it(private, serv
     else:  # the handshake says it is on, which is untrue, and PyMySQL believes it
         assert private.root_answers == ((True, 0), (True, 0))
     # init_connect runs after the handshake, for ordinary accounts, on both servers.
-    assert _session(private.service, autocommit=True) == (True, 0)
+    assert _answers(private.service, autocommit=True) == (True, 0)
 
     repo = OutboxRepository(service)
     repo.stats()  # the library's first statement on this connection asks the server
@@ -148,6 +148,35 @@ def test_single_row_methods_commit_and_say_so_once(private, service, caplog):
     assert len(warnings) == 1, warnings  # once per database, not per connection
     assert f"{private.root.host}:{private.root.port}/{private.root.name}" in warnings[0]
     assert PASSWORD not in caplog.text
+
+
+def test_every_pooled_connection_commits(private, service):
+    pool = private.service.database(PooledMySQLDatabase, max_connections=2)
+    repo = OutboxRepository(pool)
+    ids = _events(pool, repo, 4)
+    pool.close()
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def publish(pair: list[int]) -> None:
+        try:
+            barrier.wait()  # both threads hold a connection of their own at once
+            for event_id in pair:
+                assert repo.mark_processing(event_id, "w") and repo.mark_published(event_id, "w")
+            pool.close()  # back to the pool, and out again on the next round
+            for event_id in pair:
+                assert repo.mark_published(event_id, "w") is False  # fenced: published
+        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publish, args=(ids[n::2],)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    pool.close_all()
+    assert errors == []
+    assert private.statuses() == {event_id: "published" for event_id in ids}
 
 
 def test_cli_requeue_and_purge_change_the_rows(private, service, capsys):
