@@ -10,6 +10,7 @@ from .errors import (
     LockConflictError,
     OutboxError,
     PayloadError,
+    SchemaError,
     TransactionRequiredError,
 )
 from .inbox import Inbox
@@ -31,6 +32,7 @@ __all__ = [
     "OutboxStats",
     "OutboxStatus",
     "PayloadError",
+    "SchemaError",
     "TransactionRequiredError",
     "reconnect",
 ]
