@@ -8,6 +8,9 @@ What each server does with a payload past it (measured on MariaDB 10.11 and MySQ
 * **Writing**, both: the server refuses a statement longer than the limit with 1153 and drops
   the connection; PyMySQL then reports ``2006 server has gone away``, a connection error that a
   retry loop retries for ever. :func:`check_insert` refuses such a payload before any SQL.
+* **Storing**, MySQL: a JSON value whose binary form is longer than the limit is refused with
+  1301 (``json_binary::serialize()``), the statement alone undone: :func:`refused` makes
+  that a PayloadError too (the one case found only once the INSERT is sent).
 * **Reading**, MySQL: a JSON value whose text (MySQL's own, with a space after each ``:`` and
   ``,``) is longer than the limit comes back as an empty string with warning 1301. MariaDB
   keeps JSON as LONGTEXT and sends it whole whatever the limit. So on MySQL a payload is also
@@ -18,13 +21,14 @@ What each server does with a payload past it (measured on MariaDB 10.11 and MySQ
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, NamedTuple, Sequence
 
 import peewee as pw
 from pymysql.converters import escape_item
 
 from ._db import execute
-from .errors import PayloadError
+from .errors import PayloadError, driver_errno
 
 _READ = "SELECT @@SESSION.max_allowed_packet, VERSION()"
 _ATTRIBUTE = "_outbox_lite_packet"
@@ -33,6 +37,7 @@ _ATTRIBUTE = "_outbox_lite_packet"
 #: byte, and three instants) take less than this.
 _OTHERS_BOUND = 12 * 1024
 _RENDERED_SEPARATORS = (", ", ": ")
+_LIMIT_RE = re.compile(r"max_allowed_packet \((\d+)\)")
 
 
 class PacketLimit(NamedTuple):
@@ -73,7 +78,7 @@ def check_insert(limit: PacketLimit, statement: str, payload: Any, body: str,
     escaped = size + body.count("\\") + body.count('"') + body.count("'") + 2
     others = sum(_escaped_size(value) for value in params if value is not body)
     sent = 1 + len(statement.encode("utf-8")) - 2 * len(params) + escaped + others
-    if sent > packet:
+    if sent >= packet:  # measured on both servers: a packet of max_allowed_packet is refused
         raise PayloadError(
             f"payload is {size} bytes of JSON, and the INSERT carrying it would be {sent} "
             f"bytes: more than the server's max_allowed_packet ({packet} bytes), so the "
@@ -89,3 +94,16 @@ def check_insert(limit: PacketLimit, statement: str, payload: Any, body: str,
             f"bytes of text: more than the server's max_allowed_packet ({packet} bytes), so "
             "it could be stored but never read back; send a smaller payload, or raise "
             "max_allowed_packet on the server")
+
+
+def refused(exc: BaseException) -> PayloadError | None:
+    """The PayloadError for an INSERT that MySQL refused because the payload's binary JSON
+    is longer than ``max_allowed_packet`` (1301), else None. MySQL undid that statement
+    alone: the caller's transaction goes on."""
+    if driver_errno(exc) != 1301:
+        return None
+    limit = _LIMIT_RE.search(str(getattr(exc, "orig", exc)))
+    return PayloadError(
+        "the server refused the payload: its binary JSON form is larger than the server's "
+        f"max_allowed_packet ({limit[1] + ' bytes' if limit else 'see the server'}); send a "
+        "smaller payload, or raise max_allowed_packet on the server")

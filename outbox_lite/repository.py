@@ -272,6 +272,11 @@ class OutboxRepository:
             if driver_errno(exc) == 1062 and "dedupe_key" in str(exc):
                 raise DuplicateEventError(dedupe_key) from exc
             raise
+        except pw.OperationalError as exc:
+            refused = _packet.refused(exc)
+            if refused is not None:
+                raise refused from exc
+            raise
         created = now.replace(tzinfo=_UTC)
         return self._instance({
             "id": cursor.lastrowid, "event_type": event_type, "aggregate_type": aggregate_type,
