@@ -134,11 +134,11 @@ def _problem(database: pw.Database, table: str,
         repairs.append(f"MODIFY {name} {needed.definition}")
     if not wrong:
         return None
-    fixes = [f"ALTER TABLE {table} {', '.join(repairs)}"] if repairs else []
+    fixes = [f"repair: ALTER TABLE {table} {', '.join(repairs)}"] if repairs else []
     if migrate:
-        fixes.append("outbox-lite migrate")
+        fixes.append("run: outbox-lite migrate")
     return (f"table {table} in database {database.database} is not as outbox_lite needs it: "
-            f"{', '.join(wrong)}; repair: {' then '.join(fixes)}")
+            f"{', '.join(wrong)}; {'; then '.join(fixes)}")
 
 
 def _exists(database: pw.Database, table: str) -> bool:
