@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Dict, Iterable, NamedTuple, Optional, Tuple
 
 import peewee as pw
 
@@ -64,10 +64,20 @@ _READ = ("SELECT table_name, column_name, column_type, collation_name"
          " FROM information_schema.columns WHERE table_schema = DATABASE()"
          f" AND table_name IN ({', '.join(['%s'] * len(NEEDED))})")
 
-#: database object -> {table: the SchemaError's message, or None when it is as needed}; a
-#: database with a problem is read again at its next check.
-_FOUND: weakref.WeakKeyDictionary[pw.Database, dict[str, str | None]] = (
-    weakref.WeakKeyDictionary())
+Columns = Dict[str, Dict[str, Tuple[str, Optional[str]]]]  # table -> column -> (type, collation)
+
+
+class _Found(NamedTuple):
+    """What one database object's check found: every needed table's columns (one query), and
+    the verdict on each table asked about so far (the SchemaError's message, or None)."""
+
+    columns: Columns
+    verdicts: dict[str, str | None]
+
+
+#: database object -> what its check found; a database with a problem is read again at its
+#: next check (the operator may have repaired it).
+_FOUND: weakref.WeakKeyDictionary[pw.Database, _Found] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -82,13 +92,19 @@ def check(database: pw.Database, tables: Iterable[str] = tuple(NEEDED)) -> None:
     with _LOCK:
         found = _FOUND.get(database)
     if found is None:
-        found = _read(database)
+        found = _Found(_read(database), {})
         with _LOCK:
             _FOUND[database] = found
-    problems = [found[table] for table in tables if found[table] is not None]
+    problems = []
+    for table in tables:  # only these: a user may hold no privilege on the other table
+        if table not in found.verdicts:
+            found.verdicts[table] = _problem(database, table, found.columns[table])
+        problem = found.verdicts[table]
+        if problem is not None:
+            problems.append(problem)
     if problems:
-        forget(database)  # read again next time: the operator may have repaired it
-        raise SchemaError("; ".join(problem for problem in problems if problem))
+        forget(database)
+        raise SchemaError("; ".join(problems))
 
 
 def forget(database: pw.Database) -> None:
@@ -97,11 +113,11 @@ def forget(database: pw.Database) -> None:
         _FOUND.pop(database, None)
 
 
-def _read(database: pw.Database) -> dict[str, str | None]:
-    columns: dict[str, dict[str, tuple[str, str | None]]] = {table: {} for table in NEEDED}
+def _read(database: pw.Database) -> Columns:
+    columns: Columns = {table: {} for table in NEEDED}
     for table, column, kind, collation in execute(database, _READ, tuple(NEEDED)).fetchall():
         columns[str(table)][str(column)] = (str(kind).lower(), collation and str(collation))
-    return {table: _problem(database, table, columns[table]) for table in NEEDED}
+    return columns
 
 
 def _problem(database: pw.Database, table: str,

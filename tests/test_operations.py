@@ -258,8 +258,9 @@ def test_cli_on_a_database_without_the_table_says_so_in_one_line(db_url, fetch):
                              "--database-url", _url_text(db_url)],
                             capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 1
-    assert result.stderr.strip() == (f"outbox-lite stats: error: table outbox_event is missing in "
-                                     f"{db_url.name} (run: outbox-lite migrate)")
+    assert result.stderr.strip() == (
+        f"outbox-lite stats: error: table outbox_event is missing from database {db_url.name};"
+        " run: outbox-lite migrate (or outbox_lite.migrate.migrate(database))")
 
 
 def test_cli_refuses_wrong_credentials_without_echoing_them(db_url):
@@ -286,7 +287,8 @@ def test_the_documented_migration_grants_are_enough(fetch):
     database = DatabaseUrl.parse(_url_text(target, user, password)).database()
     try:
         migrations = ["001_create_outbox_event", "002_aggregate_index_published_at",
-                      "003_status_index_covers_aggregate", "004_create_inbox_message"]
+                      "003_status_index_covers_aggregate", "004_create_inbox_message",
+                      "005_exact_aggregate_ids"]
         assert schema.migrate(database) == migrations
         for name in reversed(migrations):
             assert schema.rollback(database) == name
