@@ -22,7 +22,7 @@ from ._db import execute
 from .errors import SchemaError, driver_errno
 
 _EXACT = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-_MIGRATE = "run: outbox-lite migrate (or outbox_lite.migrate.migrate(database))"
+_MIGRATE = "run: outbox-lite migrate"
 
 
 class _Column(NamedTuple):
@@ -123,7 +123,7 @@ def _read(database: pw.Database) -> Columns:
 def _problem(database: pw.Database, table: str,
              found: dict[str, tuple[str, str | None]]) -> str | None:
     if not found and not _exists(database, table):
-        return f"table {table} is missing from database {database.database}; {_MIGRATE}"
+        return f"table {table} is missing in {database.database} ({_MIGRATE})"
     wrong: list[str] = []
     repairs: list[str] = []
     migrate = False
@@ -162,14 +162,29 @@ def _exists(database: pw.Database, table: str) -> bool:
     the server's 1142 for a user who may not read it."""
     try:
         execute(database, f"SELECT 1 FROM `{table}` LIMIT 0", ())
-    except pw.ProgrammingError as exc:
+    except (pw.ProgrammingError, pw.OperationalError) as exc:
         if driver_errno(exc) == 1146:  # ER_NO_SUCH_TABLE
             return False
         raise
     return True
 
 
-def as_needed(database: Any, tables: Iterable[str] = tuple(NEEDED)) -> None:
-    """:func:`check` afresh (``migrate`` calls it after changing the schema)."""
+def check_visible(database: pw.Database) -> None:
+    """:func:`check` afresh, of the tables the user may see (what ``migrate`` checks after
+    migrating: a user may run it to check, with grants on one table only); not cached."""
     forget(database)
-    check(database, tables)
+    visible = [table for table in NEEDED if _visible(database, table)]
+    try:
+        check(database, visible)
+    finally:
+        forget(database)
+
+
+def _visible(database: pw.Database, table: str) -> bool:
+    try:
+        _exists(database, table)
+    except (pw.ProgrammingError, pw.OperationalError) as exc:
+        if driver_errno(exc) in (1142, 1143):  # denied
+            return False
+        raise
+    return True
