@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Dict, Iterable, NamedTuple, Optional, Tuple
+from typing import Dict, Iterable, NamedTuple, Optional, Tuple
 
 import peewee as pw
 
@@ -84,8 +84,8 @@ _LOCK = threading.Lock()
 def check(database: pw.Database, tables: Iterable[str] = tuple(NEEDED)) -> None:
     """Raise SchemaError unless ``tables`` of ``database`` are as outbox_lite needs them.
 
-    The first call for a database object costs one ``information_schema`` query (two
-    statements more only for a table that is missing or not visible to the user); later
+    The first call for a database object costs one ``information_schema`` query (and one
+    statement more for a table it does not show: missing, or hidden from the user); later
     calls cost a dictionary lookup. A user who may not read a table gets the server's own
     error (1142), as from any statement on it.
     """
@@ -152,7 +152,7 @@ def _problem(database: pw.Database, table: str,
         return None
     fixes = [f"repair: ALTER TABLE {table} {', '.join(repairs)}"] if repairs else []
     if migrate:
-        fixes.append("run: outbox-lite migrate")
+        fixes.append(_MIGRATE)
     return (f"table {table} in database {database.database} is not as outbox_lite needs it: "
             f"{', '.join(wrong)}; {'; then '.join(fixes)}")
 
