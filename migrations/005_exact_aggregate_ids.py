@@ -10,9 +10,9 @@ One DDL statement (MySQL DDL is not transactional). The two servers change a col
 differently, so the statement says what each may do, and fails rather than lock more:
 
 * MariaDB rebuilds the aggregate's two indexes in place and lets writers go on
-  (``ALGORITHM=NOCOPY, LOCK=NONE``; about 14 s for a million rows).
+  (``ALGORITHM=NOCOPY, LOCK=NONE``; 6-14 s for a million rows, measured on a small machine).
 * MySQL copies the table (``ALGORITHM=COPY``), and writers wait until it is done
-  (``LOCK=SHARED``: reads go on; about 37 s for a million rows).
+  (``LOCK=SHARED``: reads go on; 16-37 s for a million rows).
 
 ``is_applied`` tells ``outbox_lite.migrate`` whether the change is in place already (a run
 that stopped between the DDL and its history row), so that it is recorded, not redone.
