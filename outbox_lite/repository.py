@@ -239,7 +239,10 @@ class OutboxRepository:
         """Insert a ``pending`` event in the caller's open transaction and return it.
 
         Raises TransactionRequiredError outside a transaction, InvalidEventError (or a
-        PayloadError) for bad input, both before any SQL, and DuplicateEventError when
+        PayloadError) for bad input, both before any SQL (a payload whose INSERT the server's
+        ``max_allowed_packet`` would refuse too: the limit is read once per connection, see
+        :mod:`outbox_lite._packet`), SchemaError at the first statement when the table is not
+        as the migrations make it, and DuplicateEventError when
         ``dedupe_key`` exists (the caller's transaction stays usable). Like Peewee's
         ``Model.create``, the returned event holds ``payload`` as given; the row holds its
         JSON, which reads back as an equal value (a tuple as a list) on both servers: MariaDB
@@ -291,7 +294,10 @@ class OutboxRepository:
     # -- claiming -----------------------------------------------------------------------
 
     def find_dispatchable(self, limit: int = 100) -> list[OutboxEvent]:
-        """Pending events whose ``available_at`` has passed, oldest first; locks nothing."""
+        """Pending events whose ``available_at`` has passed, oldest first; the read locks
+        nothing. A row whose stored payload cannot be read (on MySQL, one larger than
+        ``max_allowed_packet``) is left out and made its own dead letter, by a compare-and-set
+        UPDATE (``payload_too_large`` or ``payload_not_json``), logged as a warning."""
         limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
         now = self._now()
         rows = self._execute(sql.FIND_DISPATCHABLE, (now, limit)).fetchall()
@@ -321,7 +327,8 @@ class OutboxRepository:
         left alone. When every worker claims ordered, an aggregate's events are therefore
         published one at a time in id order, and a dead letter holds back its own aggregate
         only. Returns the claimed events (already ``processing``), oldest ``available_at``
-        first.
+        first. A claimed row whose stored payload cannot be read becomes its own dead letter
+        (as in :meth:`find_dispatchable`, the attempt counted) and is not returned.
         """
         self._require_transaction("claim_batch")
         locked_by = _checks.name("locked_by", locked_by)
