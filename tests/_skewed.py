@@ -18,6 +18,7 @@ import datetime as dt
 import io
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 TESTS = Path(__file__).resolve().parent
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+ANSWER_TIMEOUT = 60  # seconds a call may take in the child before the test gives up on it
 
 
 def skewed_env(seconds: int, **extra: str) -> dict[str, str]:
@@ -66,6 +68,10 @@ class SkewedHost:
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
+        # One answer per request, so nothing waits in the reader's buffer: select() tells.
+        if not select.select([self.process.stdout], [], [], ANSWER_TIMEOUT)[0]:
+            self.process.kill()
+            raise ChildError(f"no answer to {method}() in {ANSWER_TIMEOUT} s; killed it")
         line = self.process.stdout.readline()
         if not line:
             self._stderr.seek(0)
@@ -147,6 +153,39 @@ class _Child:
         with contextlib.redirect_stdout(out):
             status = cli_main([*argv, "--database-url", self.url])
         return [status, out.getvalue()]
+
+    def relay_lags(self) -> list[float]:
+        """Run a Relay here until the outbox is empty, publishing to nowhere, with an
+        observer: the lag it is told for each published event (``at`` minus
+        ``available_at``, seconds), what ``outbox_relay_lag_seconds`` observes."""
+        from outbox_lite.relay import Relay
+
+        lags: list[float] = []
+
+        class Nowhere:
+            def publish(self, events: Sequence[Any]) -> Mapping[int, BaseException]:
+                return {}
+
+            def close(self) -> None:
+                pass
+
+        class Observer:
+            stats_every = 3600.0
+
+            def attach(self, relay: Any) -> None:
+                pass
+
+            def counted(self, counts: Any, published: Sequence[Any], at: Any) -> None:
+                lags.extend((at - e.available_at).total_seconds() for e in published)
+
+            def round_finished(self, publish_seconds: Any) -> None:
+                pass
+
+            def outbox_stats(self, stats: Any) -> None:
+                pass
+
+        Relay(self.repo, Nowhere(), metrics=Observer(), progress_every=0).run(until_empty=True)
+        return lags
 
     def run(self, request: Mapping[str, Any]) -> Any:
         target = {"repo": self.repo, "inbox": self.inbox, "inbox_module": self.inbox_module,

@@ -171,6 +171,7 @@ def test_an_event_written_on_a_fast_host_is_claimed_at_once_on_a_slow_host(fast,
 
 def test_the_backoff_and_a_requeue_count_from_the_servers_now(fast, slow, fetch, outbox):
     ids = seed(outbox, 2)
+    fetch("UPDATE outbox_event SET available_at = available_at - INTERVAL 1 HOUR")  # for all
     fast.call("repo", "claim_batch", "fast-relay", 1, atomic=True)
     slow.call("repo", "claim_batch", "slow-relay", 1, atomic=True)
     assert fast.call("repo", "mark_failed", ids[0], "fast-relay", "boom", "broker said no")
@@ -197,6 +198,18 @@ def test_the_pending_age_is_the_same_on_every_host(fast, slow, fetch, outbox):
     for host in (slow, fast):
         age = host.call("repo", "stats")["oldest_pending_age_seconds"]
         assert age is not None and 30 <= age < 32
+
+
+def test_a_relays_lag_metric_is_the_same_on_every_host(fast, slow, fetch, outbox):
+    for host in (fast, slow):
+        seed(outbox, 5)
+        fetch("UPDATE outbox_event SET available_at = available_at - INTERVAL 10 SECOND"
+              " WHERE status = 'pending'")
+        lags = host.call("host", "relay_lags")
+        # Today: 130 s on the fast host, -110 s (so 0 in the histogram) on the slow one.
+        assert len(lags) == 5 and all(10 <= lag < 12 for lag in lags), lags
+    assert fetch("SELECT status, COUNT(*) AS n FROM outbox_event GROUP BY status") == [
+        {"status": "published", "n": 10}]
 
 
 # ---------------------------------------------------------------------------
