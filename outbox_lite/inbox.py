@@ -82,8 +82,9 @@ class Inbox:
     one message each handle it once. ``clock`` gives ``received_at`` and the purge ages: by
     default (None) the database server's clock, as :class:`~outbox_lite.OutboxRepository`'s,
     so hosts whose wall clocks disagree agree on a record's age; a callable returning an
-    aware datetime replaces it (tests inject one). Raises TypeError for a database that is not MySQL/MariaDB's (or not utf8mb4)
-    and InvalidEventError for a bad ``consumer``, before any SQL.
+    aware datetime replaces it (tests inject one). Raises TypeError for a database that is
+    not MySQL/MariaDB's (or not utf8mb4) and InvalidEventError for a bad ``consumer``,
+    before any SQL.
     """
 
     def __init__(self, database: pw.Database, consumer: str, *,
