@@ -33,6 +33,7 @@ from typing import Mapping, Protocol, Sequence
 from . import _checks
 from ._clock import ServerClock
 from ._db import CONNECTION_ERRORS, is_connection_error, reconnect
+from ._session import claim_transaction
 from .errors import InvalidEventError, LockConflictError
 from .models import MAX_ERROR_CODE_LENGTH, OutboxEvent
 from .payload import redact
@@ -379,7 +380,7 @@ class Relay:
         started = time.monotonic()
         recorded = RoundResult()
         published: list[OutboxEvent] = []
-        with self._database.atomic():
+        with claim_transaction(self._database):  # never SERIALIZABLE (see _session)
             if carried is not None:
                 self._record_steps(carried.copy(), recorded, published)
             batch = self.repository.claim_batch(self.worker_id, limit=self.batch_size,
