@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping, Protocol, Sequence
 
 from . import _checks
+from ._clock import ServerClock
 from ._db import CONNECTION_ERRORS, is_connection_error, reconnect
 from ._session import claim_transaction
 from .errors import InvalidEventError, LockConflictError
@@ -518,8 +519,15 @@ class Relay:
                            " outcome was recorded", self.worker_id, counts.lost)
         self.stats.add(counts)
         if self.metrics is not None:
-            self.metrics.counted(counts, published,
-                                 self.repository.clock() if published else None)
+            self.metrics.counted(counts, published, self._recorded_at() if published else None)
+
+    def _recorded_at(self) -> dt.datetime:
+        """Now by the repository's clock, for the metrics: never a statement of its own (a
+        lost connection here must not lose a batch that was claimed), the server clock's
+        last estimate instead, which the statement that recorded the events just refreshed."""
+        clock = self.repository.clock
+        at = clock.peek() if isinstance(clock, ServerClock) else None
+        return at if at is not None else clock()
 
     # -- helpers ----------------------------------------------------------------------------
 
