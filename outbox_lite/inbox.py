@@ -168,8 +168,8 @@ def purge(database: pw.Database, older_than: dt.timedelta | float, *,
             "purge() runs in autocommit, outside any transaction: each batch commits alone, "
             "so no record stays locked longer than one statement")
     batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
-    _schema.check(database, (TABLE_NAME,))
     cutoff, consumer = _cutoff(database, older_than, consumer, clock)
+    _schema.check(database, (TABLE_NAME,))
     where = "received_at < %s"
     params: list[Any] = [cutoff]
     if consumer is not None:
