@@ -82,6 +82,9 @@ MARK_PROCESSING = f"UPDATE {BY_PK} {CLAIM_SET} WHERE id = %s AND {DISPATCHABLE}"
 # -- outcomes (each fenced: the event is processing and held by the caller) ----------------
 
 HELD = f"status = '{PROCESSING}' AND locked_by = %s"
+#: What a worker holds (``held_by``): a consistent read, no lock.
+HELD_BY = f"{SELECT}outbox_event WHERE {HELD} ORDER BY id"
+HELD_AMONG = f"{SELECT}{BY_PK} WHERE {HELD} AND id IN ({{ids}}) ORDER BY id"
 _PUBLISH_SET = (
     f"SET status = '{PUBLISHED}', published_at = %s,"
     " locked_by = NULL, locked_at = NULL, updated_at = %s"

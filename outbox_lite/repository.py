@@ -415,6 +415,18 @@ class OutboxRepository:
             renewed += changed
         return renewed
 
+    def held_by(self, locked_by: str,
+                event_ids: Iterable[int] | None = None) -> list[OutboxEvent]:
+        """The events ``locked_by`` holds now (``processing`` and claimed by it), in id
+        order; only those among ``event_ids`` when given. A consistent read that locks
+        nothing: after a COMMIT whose answer was lost, it tells a worker what it holds."""
+        locked_by = _checks.name("locked_by", locked_by)
+        if event_ids is None:
+            return self._select(sql.HELD_BY, (locked_by,))
+        return [event for chunk in _chunks(_checks.event_ids(event_ids))
+                for event in self._select(_with_ids(sql.HELD_AMONG, chunk),
+                                          (locked_by, *chunk))]
+
     # -- recovery -----------------------------------------------------------------------
 
     def release_expired_locks(self, lock_timeout: dt.timedelta | float) -> int:
