@@ -188,7 +188,8 @@ def test_a_stop_gives_up_on_someone_elses_lock_at_the_claims_expiry(db, db_url, 
         took = time.monotonic() - started
     finally:
         releaser.cancel()
-        operator.close()
+        if operator.open:
+            operator.close()
         relay_db.close()
     assert took < 3 + 2, f"run() returned {took:.1f} s after the stop"
     assert relay.stats.lock_conflicts >= 2
