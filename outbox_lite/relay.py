@@ -11,7 +11,11 @@ claiming again, so an outage does not spend every event's attempts.
 
 Lock conflicts and lost connections never end :meth:`Relay.run`: the round is retried, after
 :func:`outbox_lite.reconnect` with a bounded backoff when the connection broke (so also for a
-database made with ``autoconnect=False`` and for a pooled one). Stopping finishes the batch in
+database made with ``autoconnect=False`` and for a pooled one). A COMMIT or an outcome's
+UPDATE whose answer was lost is not taken as undone: the relay reads what it holds
+(:meth:`OutboxRepository.held_by`) and its outcomes' rows, and goes on from what is true.
+A KeyboardInterrupt stops it at once, leaving its claims to expire
+(:meth:`Relay.claims_held` counts them). Stopping finishes the batch in
 hand and records its outcomes first. The relay imports no broker client: a publisher is any
 object with ``publish(events)`` and ``close()`` (:class:`Publisher`). Nor any metrics client: a
 relay given ``metrics`` tells that :class:`RelayObserver` what happens (its counts, rounds,
@@ -369,9 +373,11 @@ class Relay:
     def run_once(self) -> RoundResult:
         """One round: release (when due), claim, publish, record. Returns its counts.
 
-        Raises LockConflictError or a connection error from the claim, before anything was
-        claimed; once a batch is claimed, its outcomes are recorded (retrying over lost
-        connections) before this returns.
+        Raises LockConflictError or a connection error from the claim transaction; after a
+        connection error its COMMIT may have gone through, so the next round first reads what
+        this relay holds and publishes that. Once a batch is claimed, its outcomes are
+        recorded (retrying over lost connections and lock conflicts until the claims would
+        have expired) before this returns.
         """
         result, outcomes = self._round(None)
         self._record(outcomes, result)
