@@ -624,14 +624,14 @@ class Relay:
         record); returns the events this relay holds besides, the batch it claimed, to be
         published now rather than left to expire."""
         self._reconnect_if_needed()
-        counts = RoundResult()
-        published: list[OutboxEvent] = []
         if carried is not None:
+            counts = RoundResult()
+            published: list[OutboxEvent] = []
             self._settle(carried, counts, published)
+            self._count(counts, published)  # now, as settled events leave ``carried``
         left = {e.id for e in carried.events()} if carried is not None else set()
         adopted = [e for e in self.repository.held_by(self.worker_id) if e.id not in left]
         self._doubt_since = None
-        self._count(counts, published)
         if adopted:
             logger.info("relay %s: a claim's COMMIT had gone through although its answer was"
                         " lost: publishing its %d events", self.worker_id, len(adopted))

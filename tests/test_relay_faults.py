@@ -17,13 +17,13 @@ import pymysql
 import pytest
 from playhouse.shortcuts import ReconnectMixin
 
-from outbox_lite import OutboxRepository
+from outbox_lite import InvalidEventError, OutboxRepository
 from outbox_lite._compat import MySQLDatabase
 from outbox_lite.publishers.rabbitmq import RabbitMQPublisher
 from outbox_lite.relay import Relay
 
 from _proxy import Proxy
-from conftest import QuietPooledMySQLDatabase, seed
+from conftest import QuietPooledMySQLDatabase, capture_sql, seed
 
 TAKEN_OVER = "were taken over"
 
@@ -85,6 +85,36 @@ def _run_until_empty(relay, bound):
     finally:
         timer.cancel()
     return time.monotonic() - started
+
+
+# ---------------------------------------------------------------------------
+# held_by: what a worker holds, as the database says
+# ---------------------------------------------------------------------------
+
+def test_held_by_reads_the_claims_a_worker_holds_and_nothing_else(db, repo, fetch):
+    ids = seed(repo, 6)
+    with db.atomic():
+        mine = [e.id for e in repo.claim_batch("me", limit=3)]
+    with db.atomic():
+        theirs = [e.id for e in repo.claim_batch("me-too", limit=2)]
+    assert repo.mark_published(mine[0], "me")
+    held = repo.held_by("me")
+    assert [e.id for e in held] == mine[1:]
+    assert all(e.status == "processing" and e.locked_by == "me" and e.attempt_count == 1
+               for e in held)
+    assert held[0].payload == {"n": ids.index(mine[1])}
+    assert [e.id for e in repo.held_by("me", [mine[0], mine[2], *theirs, ids[-1]])] == [
+        mine[2]]
+    assert repo.held_by("ME") == [] and repo.held_by("me", []) == []  # exact, binary
+    assert [e.id for e in repo.held_by("me-too")] == theirs
+
+
+@pytest.mark.parametrize("args", [("",), (None,), ("me", "1,2"), ("me", [0]), ("me", [-1])])
+def test_held_by_refuses_bad_input_before_any_sql(repo, args):
+    with capture_sql(repo.database) as statements:
+        with pytest.raises((InvalidEventError, TypeError)):
+            repo.held_by(*args)
+    assert statements == []
 
 
 # ---------------------------------------------------------------------------
