@@ -386,8 +386,10 @@ class Relay:
     def _round(self, carried: _Outcomes | None) -> tuple[RoundResult, _Outcomes | None]:
         """Release (when due); in one transaction, record ``carried`` and claim; publish.
         Returns the round's counts and the new batch's outcomes, not recorded yet. When the
-        transaction fails, nothing of it happened: ``carried`` is still to be recorded (the
-        caller keeps it) and the error propagates."""
+        transaction fails, the error propagates and the caller keeps ``carried``; as its
+        COMMIT may have gone through, the next round first reads what it did
+        (:meth:`_settle_doubt`): outcomes it recorded leave ``carried``, a batch it claimed
+        is published."""
         result = RoundResult()
         adopted: list[OutboxEvent] = []
         claimed_since = time.monotonic()
