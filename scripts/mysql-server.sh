@@ -12,6 +12,8 @@
 #                                          wait until it answers; a running one is left alone
 #   scripts/mysql-server.sh stop [PORT]    stop the one started on PORT, by its pid
 #   scripts/mysql-server.sh url [PORT]     print the test URL for it
+#   scripts/mysql-server.sh forget PORT    remove a stopped server's data directory (private
+#                                          servers of the tests, started on a free port)
 #
 # OUTBOX_MYSQL_ROOT (default /var/tmp/outbox-lite-mysql) holds the chroot, about 0.6 GB.
 # OUTBOX_MYSQL_OPTIONS adds mysqld options to a start (e.g. --skip-log-bin to compare).
@@ -129,10 +131,18 @@ stop() {
     fail "mysqld (pid $pid) did not stop within 60 s"
 }
 
+forget() {
+    local port
+    port="$(port_of "${1:-}")"
+    running "$port" && fail "still running on $port (stop it first)"
+    rm -rf "${ROOT:?}$(datadir "$port")" "$ROOT/var/log/outbox-mysql-$port.log"
+}
+
 case "${1:-}" in
     setup) setup ;;
     start) start "${2:-}" ;;
     stop) stop "${2:-}" ;;
+    forget) forget "${2:-}" ;;
     url) echo "mysql://root@127.0.0.1:$(port_of "${2:-}")/outbox_lite_test" ;;
-    *) echo "usage: $0 setup | start [PORT] | stop [PORT] | url [PORT]" >&2; exit 2 ;;
+    *) echo "usage: $0 setup | start [PORT] | stop [PORT] | forget PORT | url [PORT]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,117 @@
+"""Private database servers for tests that need a server-wide setting.
+
+A setting such as the server's default ``autocommit`` or ``max_allowed_packet`` is global: tests
+never change it on the shared test server. ``own_server(**options)`` starts a server of the same
+family as ``OUTBOX_TEST_DATABASE_URL``'s (MariaDB from the host's own binaries; MySQL through
+``scripts/mysql-server.sh``, in its chroot) on a free port with those options as command-line
+flags, yields its URL (root, no password, database ``outbox_lite_test``), and stops it by its pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pymysql
+
+from outbox_lite._db import DatabaseUrl
+
+ROOT = Path(__file__).resolve().parent.parent
+MYSQL_SCRIPT = ROOT / "scripts" / "mysql-server.sh"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _flags(options: dict[str, object]) -> list[str]:
+    return [f"--{name.replace('_', '-')}={value}" for name, value in options.items()]
+
+
+def _wait(url: DatabaseUrl, alive: "subprocess.Popen[bytes] | None", log: Path | None) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            url.server_connection().close()
+            return
+        except pymysql.MySQLError:
+            if alive is not None and alive.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+                raise RuntimeError(f"the private server on {url.port} did not start:\n{tail}")
+            time.sleep(0.2)
+
+
+def _family_is_mariadb(test_url: DatabaseUrl) -> bool:
+    conn = test_url.server_connection()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT VERSION()")
+            return "mariadb" in str(cur.fetchone()[0]).lower()
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def _own_mariadb(options: dict[str, object]) -> Iterator[DatabaseUrl]:
+    folder = Path(tempfile.mkdtemp(prefix="outbox-lite-mariadb-"))
+    data, log = folder / "data", folder / "error.log"
+    subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+                    "--auth-root-authentication-method=normal", "--skip-test-db"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    port = _free_port()
+    server = subprocess.Popen(
+        ["/usr/sbin/mariadbd", "--no-defaults", "--user=root", f"--datadir={data}",
+         f"--port={port}", "--bind-address=127.0.0.1", f"--socket={folder}/mysqld.sock",
+         f"--pid-file={folder}/mysqld.pid", f"--log-error={log}", "--skip-log-bin",
+         *_flags(options)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = DatabaseUrl.parse(f"mysql://root@127.0.0.1:{port}/outbox_lite_test")
+    try:
+        _wait(url, server, log)
+        yield url
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _own_mysql(options: dict[str, object]) -> Iterator[DatabaseUrl]:
+    port = _free_port()
+    env = dict(os.environ, OUTBOX_MYSQL_OPTIONS=" ".join(_flags(options)))
+    subprocess.run(["bash", str(MYSQL_SCRIPT), "start", str(port)], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    url = DatabaseUrl.parse(f"mysql://root@127.0.0.1:{port}/outbox_lite_test")
+    try:
+        _wait(url, None, None)
+        yield url
+    finally:
+        subprocess.run(["bash", str(MYSQL_SCRIPT), "stop", str(port)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(["bash", str(MYSQL_SCRIPT), "forget", str(port)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def own_server(**options: object) -> Iterator[DatabaseUrl]:
+    """A private server of the test server's family started with ``options`` as flags
+    (``max_allowed_packet=65536`` is ``--max-allowed-packet=65536``); its URL, then it stops."""
+    test_url = DatabaseUrl.parse(
+        os.environ.get("OUTBOX_TEST_DATABASE_URL", "mysql://root@127.0.0.1:3306/outbox_lite_test"))
+    own = _own_mariadb if _family_is_mariadb(test_url) else _own_mysql
+    with own(options) as url:
+        yield url
