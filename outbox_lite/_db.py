@@ -21,6 +21,7 @@ from urllib.parse import quote, unquote
 import peewee as pw
 import pymysql
 
+from . import _session
 from ._compat import MySQLDatabase
 from .errors import ConnectionLostError, LockConflictError, OutboxError, driver_errno
 
@@ -436,11 +437,16 @@ def reconnect(database: pw.Database) -> bool:
 
 
 def execute(database: pw.Database, sql: str, params: Sequence[Any]) -> Any:
-    """Run one statement on ``database`` and return its cursor. A deadlock (1213) or a
-    lock-wait timeout (1205) raises LockConflictError; a broken connection raises
-    :func:`lost_connection`'s ConnectionLostError; anything else Peewee's own error."""
+    """Run one statement on ``database`` and return its cursor. Outside the caller's
+    transaction the statement commits on its own, whatever the session's autocommit was
+    (:mod:`outbox_lite._session`). A deadlock (1213) or a lock-wait timeout (1205) raises
+    LockConflictError; a broken connection raises :func:`lost_connection`'s
+    ConnectionLostError; anything else Peewee's own error."""
     try:
-        return database.execute_sql(sql, params)
+        conn = _session.prepare(database)
+        cursor = database.execute_sql(sql, params)
+        _session.settled(database, conn)
+        return cursor
     except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
         errno = driver_errno(exc)
         if errno in (1205, 1213):

@@ -124,6 +124,16 @@ class Server:
                 f" SET GLOBAL innodb_monitor_enable = '{sorted(missing)[0]}'")
         return LockCounters(counts["lock_deadlocks"], counts["lock_row_lock_waits"])
 
+    # -- sessions --------------------------------------------------------------------------
+
+    @property
+    def isolation_variable(self) -> str:
+        """The session variable that holds the isolation level: MariaDB before 11.1 knows
+        only ``tx_isolation`` (later ones both); MySQL 8.0 removed it for
+        ``transaction_isolation``. Neither shows a level set for the next transaction alone
+        (``SET TRANSACTION ISOLATION LEVEL …``), before or during it."""
+        return "tx_isolation" if self.is_mariadb else "transaction_isolation"
+
     # -- logins and TLS --------------------------------------------------------------------
 
     @property

@@ -10,6 +10,18 @@ class PayloadError(InvalidEventError): """The payload is not a JSON object or ar
 class ConnectionLostError(OutboxError): """No working connection to the server (lost, never opened, unreachable); the message says what reconnects."""
 
 
+class IsolationLevelError(OutboxError):
+    """A claim ran in a transaction whose isolation level breaks its promises (SERIALIZABLE:
+    claimers wait for each other and deadlock); ``isolation`` names it."""
+
+    def __init__(self, isolation: str, method: str = "claim_batch") -> None:
+        self.isolation = isolation
+        super().__init__(
+            f"{method}() does not claim in a {isolation} transaction (claimers would wait"
+            f" for each other and deadlock): claim in"
+            f' database.atomic(isolation_level="REPEATABLE READ")')
+
+
 class CredentialInPayloadError(PayloadError):
     """The payload carries a credential in clear text at ``path`` (the value is never shown)."""
 

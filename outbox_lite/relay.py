@@ -35,7 +35,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Protocol, Sequence
 
 from . import _checks
-from ._db import CONNECTION_ERRORS, _drop, is_connection_error, reconnect
+from . import _sql as sql
+from ._db import CONNECTION_ERRORS, _drop, execute, is_connection_error, reconnect
+from ._session import claim_transaction
 from .errors import InvalidEventError, LockConflictError
 from .models import MAX_ERROR_CODE_LENGTH, OutboxEvent
 from .payload import redact
@@ -410,7 +412,7 @@ class Relay:
         # Until the COMMIT is seen to return, what it did is unknown: a lost connection (or
         # an interrupt) in between leaves the next round to read what this relay holds.
         self._doubt_since = claimed_since
-        with self._database.atomic():
+        with claim_transaction(self._database):  # never SERIALIZABLE (see _session)
             if carried is not None:
                 self._record_steps(carried.copy(), recorded, published)
             batch = adopted or self.repository.claim_batch(
@@ -449,9 +451,8 @@ class Relay:
         old = thread_id() if callable(thread_id) else None
         reconnect(self._database)
         deadline = time.monotonic() + 10.0
-        while old is not None and time.monotonic() < deadline and self._database.execute_sql(
-                "SELECT COUNT(*) FROM information_schema.processlist WHERE id = %s",
-                (old,)).fetchone()[0]:
+        while old is not None and time.monotonic() < deadline and execute(
+                self._database, sql.SESSION_ALIVE, (old,)).fetchone()[0]:
             time.sleep(0.01)
         return len(self.repository.held_by(self.worker_id))
 
@@ -582,11 +583,13 @@ class Relay:
         events = outcomes.events()
         if not events:
             return
-        model = self.repository.model
-        query: Any = model.select(model.id, model.status, model.locked_by, model.attempt_count,
-                                  model.last_error_code).where(
-            model.id.in_([e.id for e in events])).tuples()
-        rows: dict[int, tuple[Any, ...]] = {row[0]: tuple(row[1:]) for row in query}
+        rows: dict[int, tuple[Any, ...]] = {}
+        ids = [e.id for e in events]
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            statement = sql.OUTCOME_STATES.format(ids=sql.placeholders(len(chunk)))
+            rows.update((row[0], tuple(row[1:]))
+                        for row in execute(self._database, statement, chunk).fetchall())
 
         def state(event: OutboxEvent) -> str:
             status, locked_by, attempts, _code = rows.get(event.id, (None, None, -1, None))

@@ -19,13 +19,14 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import peewee as pw
 
-from . import _checks
+from . import _checks, _session
 from . import _sql as sql
 from ._db import execute
 from .backoff import Backoff
 from .errors import (
     DuplicateEventError,
     InvalidEventError,
+    IsolationLevelError,
     TransactionRequiredError,
     driver_errno,
 )
@@ -259,11 +260,19 @@ class OutboxRepository:
         published one at a time in id order, and a dead letter holds back its own aggregate
         only. Returns the claimed events (already ``processing``), oldest ``available_at``
         first.
+
+        The transaction must be READ COMMITTED or REPEATABLE READ (or READ UNCOMMITTED): in a
+        SERIALIZABLE one (the session's level, or ``atomic(isolation_level=...)``'s) claimers
+        would wait for each other and deadlock, so it raises IsolationLevelError before any
+        claim statement; claim in ``database.atomic(isolation_level="REPEATABLE READ")``.
         """
         self._require_transaction("claim_batch")
         locked_by = _checks.name("locked_by", locked_by)
         limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
         ordered = _checks.flag("ordered", ordered)
+        isolation = _session.claim_isolation(self.database)
+        if isolation == _session.SERIALIZABLE:
+            raise IsolationLevelError(isolation)
         now = self._now()
         wanted = limit * self.claim_window
         pages = (self._heads(now, wanted) if ordered else

@@ -91,7 +91,12 @@ def test_the_ordered_claim_reads_the_status_index_alone_then_one_head_per_aggreg
     # The distinct aggregates of the oldest dispatchable events, from the index alone (it
     # holds the aggregate since migration 003), in its order: no sort, no row read.
     assert aggregates["key"] == "ix_outbox_event_status_available_at", aggregates
-    assert aggregates["type"] == "range" and "Using index" in aggregates["Extra"], aggregates
+    # MariaDB answers a range scan. MySQL answers a range scan too, or, when its sampled
+    # statistics say most entries match, a scan of the same index in its order (type "index"):
+    # seen in 1 run of 4 on the same table. Either way the read stops at the LIMIT, as the
+    # Handler_read counters below show.
+    assert aggregates["type"] in ("range", "index") and "Using index" in aggregates["Extra"], \
+        aggregates
     assert "filesort" not in aggregates["Extra"], aggregates
     # Each aggregate's head: a dependent subquery by ref on (aggregate_type, aggregate_id,
     # published_at IS NULL), from the index alone, no sort: its LIMIT 1 stops at the first

@@ -1,0 +1,141 @@
+"""The session a statement of the library runs in, as the server says it is.
+
+Peewee assumes every connection is in autocommit and PyMySQL believes the handshake's status
+flag, but the flag can say "autocommit" while the session's is off: MySQL's handshake reports
+it on even when the server's default (``--autocommit=0``) is off, and on both servers
+``init_connect='SET autocommit=0'`` turns it off after the handshake for ordinary accounts.
+Then every statement opens a transaction that nothing ever commits. So the first time the
+library uses a connection it asks the server (one ``SELECT``; the answer is kept per
+connection object, so a pooled connection is asked once), and outside the caller's
+transaction it turns autocommit on (``SET autocommit = 1``, which also commits what the
+session had left open), with one warning per database. Inside the caller's transaction it
+changes nothing: the caller's ``atomic()`` ends that transaction, and the next statement the
+library runs outside it turns autocommit on.
+
+The answer also gives the session's isolation level, which the claim needs
+(:func:`claim_isolation`, :func:`claim_transaction`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import peewee as pw
+
+from ._server import Server
+
+logger = logging.getLogger(__name__)
+
+SERIALIZABLE = "SERIALIZABLE"
+#: The level the relay's claim transaction runs at when the session's level is SERIALIZABLE.
+CLAIM_LEVEL = "REPEATABLE READ"
+
+
+@dataclass
+class Session:
+    """What the server answered for one connection (levels as ``REPEATABLE READ``)."""
+
+    autocommit: bool
+    isolation: str
+
+
+_sessions: "weakref.WeakKeyDictionary[Any, Session]" = weakref.WeakKeyDictionary()
+_warned: "weakref.WeakSet[pw.Database]" = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def level(text: str) -> str:
+    """An isolation level as SQL writes it: ``REPEATABLE-READ`` -> ``REPEATABLE READ``."""
+    return " ".join(text.replace("-", " ").replace("_", " ").upper().split())
+
+
+def _connection(database: pw.Database) -> Any:
+    """The calling thread's connection, opened as Peewee's ``cursor()`` would open it (not at
+    all when the database was made with ``autoconnect=False``)."""
+    if database.is_closed() and not getattr(database, "autoconnect", True):
+        raise pw.InterfaceError("Error, database connection not opened.")
+    return database.connection()
+
+
+def _ask(database: pw.Database) -> tuple[Any, Session]:
+    """Ask the server about the calling thread's connection: one round trip."""
+    variable = Server(str(_connection(database).server_version)).isolation_variable
+    row = database.execute_sql(
+        f"SELECT @@SESSION.autocommit, @@SESSION.{variable}").fetchone()
+    session = Session(autocommit=bool(int(row[0])), isolation=level(str(row[1])))
+    conn = database.connection()  # the one that answered (ReconnectMixin may replace one)
+    with _lock:
+        _sessions[conn] = session
+    return conn, session
+
+
+def prepare(database: pw.Database) -> Any:
+    """Before a statement of the library's: make sure the calling thread's connection to
+    ``database`` was asked about (the first time it is used) and, when no transaction of the
+    caller's is open, is in autocommit. Returns that connection.
+
+    Raises Peewee's errors for a connection that cannot be had or used."""
+    conn = _connection(database)
+    session = _sessions.get(conn)  # a dict read, atomic under the GIL; writes take the lock
+    if session is None:
+        conn, session = _ask(database)
+    if not session.autocommit and not database.in_transaction():
+        database.execute_sql("SET autocommit = 1")
+        session.autocommit = True
+        _warn(database)
+    return conn
+
+
+def session_of(database: pw.Database) -> Session:
+    """What the server answered for the calling thread's connection (asked when not yet)."""
+    prepare(database)
+    return _sessions[database.connection()]
+
+
+def settled(database: pw.Database, conn: Any) -> None:
+    """After a statement: when it ran on another connection than ``conn`` (a ReconnectMixin
+    database reconnects and retries inside ``execute_sql``), prepare that one now, so a
+    session with autocommit off commits it (``SET autocommit = 1`` commits)."""
+    if database.connection() is not conn:
+        prepare(database)
+
+
+def _warn(database: pw.Database) -> None:
+    with _lock:
+        if database in _warned:
+            return
+        _warned.add(database)
+    params = getattr(database, "connect_params", {})
+    logger.warning(
+        "sessions on %s:%s/%s start with autocommit off (the server's default autocommit=0, "
+        "or its init_connect): outbox_lite turns autocommit on for each connection it uses "
+        "outside a transaction, or nothing it writes there would commit",
+        params.get("host", "localhost"), params.get("port", 3306), database.database)
+
+
+def claim_isolation(database: pw.Database) -> str:
+    """The isolation level of the caller's open transaction on ``database``: the level
+    given to ``atomic(isolation_level=...)`` when there was one, else the session's. (A level
+    set with a bare ``SET TRANSACTION`` statement is not visible to the server's
+    variables, so not to this.)"""
+    top = database.top_transaction()
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    args, kwargs = getattr(top, "_begin_args", (args, kwargs))  # Peewee 3.17+ and 4
+    given = kwargs.get("isolation_level", args[0] if args else None)
+    if isinstance(given, str) and given:
+        return level(given)
+    return session_of(database).isolation
+
+
+def claim_transaction(database: pw.Database) -> Any:
+    """``database.atomic()`` for a claim of the library's own (the relay's): at REPEATABLE
+    READ when the session's level is SERIALIZABLE, under which claimers would wait for each
+    other and deadlock. The level applies to that transaction only."""
+    if session_of(database).isolation == SERIALIZABLE:
+        return database.atomic(isolation_level=CLAIM_LEVEL)
+    return database.atomic()

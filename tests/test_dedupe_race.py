@@ -1,0 +1,141 @@
+"""A dedupe race whose first transaction rolls back (issue 21, "said nowhere").
+
+Two services write an event with one ``dedupe_key`` at once: the second's INSERT waits for the
+first transaction (the plain read before it cannot see an uncommitted key). When the first
+rolls back, the second's INSERT goes on, and the lock it waited with is handed on to the gap
+the removed key leaves in ``uq_outbox_event_dedupe_key`` (InnoDB's lock inheritance, on both
+servers): until the survivor's transaction ends, other writers' events whose ``dedupe_key``
+sorts in that gap wait for it. No statement of ours avoids it; the README says so beside the
+inbox's same note. A wait shows as 1205 after the probes' ``innodb_lock_wait_timeout`` of 1 s.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from outbox_lite import LockConflictError, OutboxRepository
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+class Writer:
+    """One connection in a thread of its own, so a transaction can stay open on it while
+    other writers run; its waits end after ``wait`` s with 1205."""
+
+    def __init__(self, db_url: Any, wait: int = 1) -> None:
+        self.db = db_url.database()
+        self.repo = OutboxRepository(self.db)
+        self._pool = concurrent.futures.ThreadPoolExecutor(1)
+        self._txn: Any = None
+        self.run(self.db.execute_sql, f"SET SESSION innodb_lock_wait_timeout = {wait}")
+        self.connection_id = self.run(
+            lambda: self.db.execute_sql("SELECT CONNECTION_ID()").fetchone()[0])
+
+    def start(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        return self._pool.submit(fn, *args)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.start(fn, *args).result(timeout=30)
+
+    def begin(self, isolation: str) -> None:
+        def enter() -> None:
+            self._txn = self.db.atomic(isolation_level=isolation)
+            self._txn.__enter__()
+        self.run(enter)
+
+    def create(self, key: str) -> int:
+        return self.repo.create_in_transaction(event_type="e", aggregate_type="a",
+                                               aggregate_id=key, payload={}, dedupe_key=key).id
+
+    def end(self, commit: bool) -> None:
+        error = None if commit else RuntimeError("rollback")
+        self.run(self._txn.__exit__, type(error) if error else None, error, None)
+
+    def close(self) -> None:
+        def end() -> None:
+            if self.db.in_transaction():
+                self._txn.__exit__(RuntimeError, RuntimeError("test over"), None)
+            self.db.close()
+        try:
+            self.start(end).result(timeout=60)
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.fixture
+def writers(db_url):
+    made: list[Writer] = []
+
+    def make(wait: int = 1) -> Writer:
+        made.append(Writer(db_url, wait))
+        return made[-1]
+
+    yield make
+    for writer in made:
+        writer.close()
+
+
+def probe(writers: Callable[..., Writer], keys: list[str], isolation: str) -> dict[str, Any]:
+    """Write an event with each key in a new transaction (rolled back): its id's truth, or
+    the errno of the LockConflictError it met."""
+    answers: dict[str, Any] = {}
+    for key in keys:
+        writer = writers()
+        writer.begin(isolation)
+        try:
+            answers[key] = bool(writer.run(writer.create, key))
+        except LockConflictError as exc:
+            answers[key] = exc.errno
+        finally:
+            writer.end(commit=False)
+    return answers
+
+
+def _until_waiting(fetch, writer: Writer) -> None:
+    """Until ``writer``'s transaction waits for a row lock (information_schema.INNODB_TRX, the
+    same on both servers; InnoDB refreshes it when it was not read for 0.1 s)."""
+    deadline = time.monotonic() + 10
+    while fetch("SELECT trx_state AS state FROM information_schema.INNODB_TRX"
+                " WHERE trx_mysql_thread_id = %s", writer.connection_id) != [
+            {"state": "LOCK WAIT"}]:
+        assert time.monotonic() < deadline, "the second writer never waited"
+        time.sleep(0.15)
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "READ COMMITTED"])
+def test_the_survivor_of_a_rolled_back_race_holds_the_gap_until_it_ends(writers, fetch,
+                                                                        isolation):
+    bounds = writers()
+    bounds.begin(isolation)
+    bounds.run(bounds.create, "k2")
+    bounds.run(bounds.create, "k8")
+    bounds.end(commit=True)
+    assert probe(writers, ["k4", "k6"], isolation) == {"k4": True, "k6": True}  # no race
+
+    first, survivor = writers(), writers(wait=30)
+    first.begin(isolation)
+    first.run(first.create, "k5")
+    survivor.begin(isolation)
+    racing = survivor.start(survivor.create, "k5")
+    _until_waiting(fetch, survivor)
+    first.end(commit=False)
+    assert racing.result(timeout=30) > 0  # the survivor's event is written
+    # Its lock was handed on to the gap between the committed neighbours k2 and k8.
+    assert probe(writers, ["k4", "k6", "k1", "k9"], isolation) == {
+        "k4": 1205, "k6": 1205, "k1": True, "k9": True}
+    survivor.end(commit=True)
+    assert probe(writers, ["k4", "k6"], isolation) == {"k4": True, "k6": True}
+    assert [r["dedupe_key"] for r in fetch(
+        "SELECT dedupe_key FROM outbox_event ORDER BY dedupe_key")] == ["k2", "k5", "k8"]
+
+
+def test_the_readme_says_so_beside_the_inbox_note():
+    text = README.read_text(encoding="utf-8")
+    errors = text[text.index("`DuplicateEventError` (`.dedupe_key`"):]
+    errors = errors[:errors.index("## How it locks")]
+    assert "rolls back" in errors and "gap" in errors and "tests/test_dedupe_race.py" in errors
