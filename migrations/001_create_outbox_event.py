@@ -33,6 +33,13 @@ CREATE TABLE outbox_event (
 """
 
 
+def is_applied(database):
+    """Whether the table exists (``outbox_lite.migrate`` then records this migration)."""
+    return bool(database.execute_sql(
+        "SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE()"
+        " AND table_name = 'outbox_event'").fetchone())
+
+
 def migrate(migrator, database, *, fake=False):
     migrator.sql(CREATE_OUTBOX_EVENT)
 

@@ -23,6 +23,14 @@ ROLLBACK = (
 )
 
 
+def is_applied(database):
+    """Whether the aggregate index ends in ``published_at`` already."""
+    return bool(database.execute_sql(
+        "SELECT 1 FROM information_schema.statistics WHERE table_schema = DATABASE()"
+        " AND table_name = 'outbox_event' AND index_name = 'ix_outbox_event_aggregate'"
+        " AND seq_in_index = 3 AND column_name = 'published_at'").fetchone())
+
+
 def migrate(migrator, database, *, fake=False):
     migrator.sql(MIGRATE)
 

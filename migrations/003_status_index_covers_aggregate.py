@@ -26,6 +26,14 @@ ROLLBACK = (
 )
 
 
+def is_applied(database):
+    """Whether the status index holds the aggregate already."""
+    return bool(database.execute_sql(
+        "SELECT 1 FROM information_schema.statistics WHERE table_schema = DATABASE()"
+        " AND table_name = 'outbox_event' AND index_name = 'ix_outbox_event_status_available_at'"
+        " AND seq_in_index = 5 AND column_name = 'aggregate_id'").fetchone())
+
+
 def migrate(migrator, database, *, fake=False):
     migrator.sql(MIGRATE)
 

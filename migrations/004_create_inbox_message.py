@@ -22,6 +22,13 @@ CREATE TABLE inbox_message (
 """
 
 
+def is_applied(database):
+    """Whether the table exists (``outbox_lite.migrate`` then records this migration)."""
+    return bool(database.execute_sql(
+        "SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE()"
+        " AND table_name = 'inbox_message'").fetchone())
+
+
 def migrate(migrator, database, *, fake=False):
     migrator.sql(CREATE_INBOX_MESSAGE)
 

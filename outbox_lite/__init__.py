@@ -11,6 +11,7 @@ from .errors import (
     LockConflictError,
     OutboxError,
     PayloadError,
+    SchemaError,
     TransactionRequiredError,
 )
 from .inbox import Inbox
@@ -33,6 +34,7 @@ __all__ = [
     "OutboxStats",
     "OutboxStatus",
     "PayloadError",
+    "SchemaError",
     "TransactionRequiredError",
     "reconnect",
 ]

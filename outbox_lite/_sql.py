@@ -170,3 +170,11 @@ DEAD_BY_CODE = (
     f"SELECT COALESCE(last_error_code, ''), COUNT(*) FROM {BY_STATUS}"
     f" WHERE {DEAD} GROUP BY last_error_code"
 )
+
+#: A pending event whose stored payload cannot be read (``find_dispatchable`` found it):
+#: its dead letter, compare-and-set on its status.
+UNREADABLE_PENDING = (
+    f"UPDATE {BY_PK} SET status = '{FAILED}', last_error_code = %s,"
+    " last_error_message = %s, updated_at = %s"
+    f" WHERE id = %s AND status = '{PENDING}'"
+)

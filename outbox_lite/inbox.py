@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import peewee as pw
 
-from . import _checks
+from . import _checks, _schema
 from ._db import execute
 from .errors import OutboxError, TransactionRequiredError, driver_errno
 
@@ -89,6 +89,7 @@ class Inbox:
         self.consumer = _consumer(consumer)
         self._now = _checks.clock(clock)
         self.clock = clock
+        self._schema_checked = False
 
     def __repr__(self) -> str:
         return f"<Inbox consumer={self.consumer!r}>"
@@ -103,13 +104,18 @@ class Inbox:
         rolls back. Raises TransactionRequiredError outside a transaction and
         InvalidEventError for a ``message_id`` that is not 1–704 printable characters without
         leading or trailing white space, both before any SQL; LockConflictError when the
-        wait ends in a lock-wait timeout or a deadlock (retry the whole transaction).
+        wait ends in a lock-wait timeout or a deadlock (retry the whole transaction);
+        SchemaError at the first call when ``inbox_message`` is missing or not as the
+        migrations make it.
         """
         if not self.database.in_transaction():
             raise TransactionRequiredError(
                 "accept() must run inside the caller's transaction (with database.atomic():"
                 " ...), so that the record commits or rolls back with the consumer's writes")
         message_id = _checks.name("message_id", message_id, MAX_MESSAGE_ID_LENGTH)
+        if not self._schema_checked:
+            _schema.check(self.database, (TABLE_NAME,))
+            self._schema_checked = True
         try:
             execute(self.database, _INSERT, (self.consumer, message_id, self._now()))
         except pw.IntegrityError as exc:
@@ -152,6 +158,7 @@ def purge(database: pw.Database, older_than: dt.timedelta | float, *,
             "so no record stays locked longer than one statement")
     cutoff, consumer = _cutoff(older_than, consumer, clock)
     batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
+    _schema.check(database, (TABLE_NAME,))
     where = "received_at < %s"
     params: list[Any] = [cutoff]
     if consumer is not None:
@@ -188,6 +195,7 @@ def count_older_than(database: pw.Database, older_than: dt.timedelta | float, *,
     read that locks nothing."""
     database = _checks.database(database)
     cutoff, consumer = _cutoff(older_than, consumer, clock)
+    _schema.check(database, (TABLE_NAME,))
     statement = f"SELECT COUNT(*) FROM {_BY_AGE} WHERE received_at < %s"
     params: list[Any] = [cutoff]
     if consumer is not None:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import peewee as pw
 
-from . import _checks, _session
+from . import _checks, _packet, _schema, _session
 from . import _sql as sql
 from ._db import execute
 from .backoff import Backoff
@@ -35,6 +35,7 @@ from .models import (
     MAX_ERROR_CODE_LENGTH,
     MAX_ERROR_MESSAGE_BYTES,
     OutboxEvent,
+    TABLE_NAME,
     OutboxStatus,
     UTCDateTimeField,
     bind_model,
@@ -77,6 +78,33 @@ def _chunks(ids: list[int]) -> Iterator[list[int]]:
 
 def _with_ids(statement: str, ids: Sequence[int]) -> str:
     return statement.format(ids=sql.placeholders(len(ids)))
+
+
+class _Unreadable(Exception):
+    """A stored payload that does not read as JSON: (code, message) of its dead letter."""
+
+
+def _decode_payload(text: Any) -> Any:
+    """A stored payload as Python values, or _Unreadable.
+
+    MySQL gives a JSON value longer than ``max_allowed_packet`` back as an empty string
+    (warning 1301; a JSON column never holds an empty one); any other text that is not JSON
+    was written around outbox_lite (MariaDB's JSON is LONGTEXT with a CHECK a table made by
+    hand may lack).
+    """
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", "replace")
+    if not text:
+        raise _Unreadable("payload_too_large", (
+            "the server sent the payload back empty: it is larger than the server's "
+            "max_allowed_packet (MySQL warning 1301); raise max_allowed_packet, then requeue "
+            "this event"))
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise _Unreadable("payload_not_json", (
+            f"the stored payload is not JSON ({exc}); correct it and requeue this event, or "
+            "delete it")) from None
 
 
 def _utc_now() -> dt.datetime:
@@ -130,6 +158,7 @@ class OutboxRepository:
         fields = self.model._meta.sorted_fields
         self._names = [f.name for f in fields]
         self._instants = [f.name for f in fields if isinstance(f, UTCDateTimeField)]
+        self._schema_checked = False
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -141,8 +170,16 @@ class OutboxRepository:
 
     def _execute(self, sql: str, params: Sequence[Any]) -> Any:
         """Run one statement; lock conflicts and lost connections become our errors
-        (:func:`outbox_lite._db.execute`, shared with the inbox)."""
+        (:func:`outbox_lite._db.execute`, shared with the inbox). The first one checks the
+        table first (SchemaError when it is not as the migrations make it)."""
+        if not self._schema_checked:
+            self._check_schema()
         return execute(self.database, sql, params)
+
+    def _check_schema(self) -> None:
+        if not self._schema_checked:
+            _schema.check(self.database, (TABLE_NAME,))
+            self._schema_checked = True
 
     def _event(self, row: Sequence[Any], changes: dict[str, Any] | None = None) -> OutboxEvent:
         """An event from a row of :data:`COLUMNS` (with ``changes`` applied), read as
@@ -155,7 +192,7 @@ class OutboxRepository:
             value = data[name]
             if value is not None and value.tzinfo is None:
                 data[name] = value.replace(tzinfo=_UTC)
-        data["payload"] = json.loads(data["payload"])
+        data["payload"] = _decode_payload(data["payload"])
         return self._instance(data)
 
     def _instance(self, data: dict[str, Any]) -> OutboxEvent:
@@ -170,8 +207,23 @@ class OutboxRepository:
         event._dirty = set()  # type: ignore[attr-defined]  # Peewee sets it in __init__
         return event
 
-    def _select(self, sql: str, params: Sequence[Any]) -> list[OutboxEvent]:
-        return [self._event(row) for row in self._execute(sql, params).fetchall()]
+    def _events(self, rows: Sequence[Sequence[Any]], changes: dict[str, Any] | None,
+                dead_letter: str, params: Callable[[int, str, str], Sequence[Any]],
+                ) -> list[OutboxEvent]:
+        """The events of ``rows`` whose payload reads as JSON. Each other row becomes its own
+        dead letter through ``dead_letter`` (a compare-and-set UPDATE run with
+        ``params(id, code, message)``), logged as a warning: a row nobody can read never
+        stops the rows behind it."""
+        events = []
+        for row in rows:
+            try:
+                events.append(self._event(row, changes))
+            except _Unreadable as unreadable:
+                code, message = unreadable.args
+                changed = self._execute(dead_letter, params(row[0], code, message)).rowcount
+                logger.warning("outbox event %s is a dead letter (%s): %s%s", row[0], code,
+                               message, "" if changed else " (it had changed meanwhile)")
+        return events
 
     # -- writing ------------------------------------------------------------------------
 
@@ -188,7 +240,10 @@ class OutboxRepository:
         """Insert a ``pending`` event in the caller's open transaction and return it.
 
         Raises TransactionRequiredError outside a transaction, InvalidEventError (or a
-        PayloadError) for bad input, both before any SQL, and DuplicateEventError when
+        PayloadError) for bad input, both before any SQL (a payload whose INSERT the server's
+        ``max_allowed_packet`` would refuse too: the limit is read once per connection, see
+        :mod:`outbox_lite._packet`), SchemaError at the first statement when the table is not
+        as the migrations make it, and DuplicateEventError when
         ``dedupe_key`` exists (the caller's transaction stays usable). Like Peewee's
         ``Model.create``, the returned event holds ``payload`` as given; the row holds its
         JSON, which reads back as an equal value (a tuple as a list) on both servers: MariaDB
@@ -210,6 +265,9 @@ class OutboxRepository:
         now = self._now()
         available = now if available_at is None else _checks.instant("available_at", available_at)
         params = (event_type, aggregate_type, aggregate_id, dedupe_key, body, available, now, now)
+        self._check_schema()
+        _packet.check_insert(_packet.packet_limit(self.database), sql.INSERT, payload, body,
+                             params)
         if given_key and self._execute(sql.DEDUPE_KEY_TAKEN, (dedupe_key,)).fetchone():
             raise DuplicateEventError(dedupe_key)  # committed before: found without a lock
         try:
@@ -217,6 +275,11 @@ class OutboxRepository:
         except pw.IntegrityError as exc:
             if driver_errno(exc) == 1062 and "dedupe_key" in str(exc):
                 raise DuplicateEventError(dedupe_key) from exc
+            raise
+        except pw.OperationalError as exc:
+            refused = _packet.refused(exc)
+            if refused is not None:
+                raise refused from exc
             raise
         created = now.replace(tzinfo=_UTC)
         return self._instance({
@@ -232,9 +295,15 @@ class OutboxRepository:
     # -- claiming -----------------------------------------------------------------------
 
     def find_dispatchable(self, limit: int = 100) -> list[OutboxEvent]:
-        """Pending events whose ``available_at`` has passed, oldest first; locks nothing."""
+        """Pending events whose ``available_at`` has passed, oldest first; the read locks
+        nothing. A row whose stored payload cannot be read (on MySQL, one larger than
+        ``max_allowed_packet``) is left out and made its own dead letter, by a compare-and-set
+        UPDATE (``payload_too_large`` or ``payload_not_json``), logged as a warning."""
         limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
-        return self._select(sql.FIND_DISPATCHABLE, (self._now(), limit))
+        now = self._now()
+        rows = self._execute(sql.FIND_DISPATCHABLE, (now, limit)).fetchall()
+        return self._events(rows, None, sql.UNREADABLE_PENDING,
+                            lambda event_id, code, message: (code, message, now, event_id))
 
     def mark_processing(self, event_id: int, locked_by: str) -> bool:
         """Claim one dispatchable event for ``locked_by`` (compare-and-set).
@@ -259,7 +328,8 @@ class OutboxRepository:
         left alone. When every worker claims ordered, an aggregate's events are therefore
         published one at a time in id order, and a dead letter holds back its own aggregate
         only. Returns the claimed events (already ``processing``), oldest ``available_at``
-        first.
+        first. A claimed row whose stored payload cannot be read becomes its own dead letter
+        (as in :meth:`find_dispatchable`, the attempt counted) and is not returned.
 
         The transaction must be READ COMMITTED or REPEATABLE READ (or READ UNCOMMITTED): in a
         SERIALIZABLE one (the session's level, or ``atomic(isolation_level=...)``'s) claimers
@@ -292,7 +362,9 @@ class OutboxRepository:
         aware_now = now.replace(tzinfo=_UTC)
         changes = {"status": sql.PROCESSING, "locked_by": locked_by, "locked_at": aware_now,
                    "updated_at": aware_now}
-        events = [self._event(row, changes) for row in claimed]
+        events = self._events(claimed, changes, sql.FAILED_FOR_GOOD,
+                              lambda event_id, code, message: (
+                                  code, message, now, event_id, locked_by))
         for event in events:
             event.__data__["attempt_count"] += 1
         return events

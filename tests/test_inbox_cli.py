@@ -98,6 +98,7 @@ def test_server_errors_are_one_line_with_exit_1(db_url, capsys):
     assert capsys.readouterr().err == (
         "outbox-lite inbox purge: error: cannot reach the MySQL server at 127.0.0.1:1\n")
     database = db_url.database()
+    assert schema.rollback(database) == "005_exact_aggregate_ids"
     assert schema.rollback(database) == "004_create_inbox_message"
     database.close()
     for extra in ([], ["--dry-run"]):

@@ -13,7 +13,8 @@ from outbox_lite._server import server_of
 from outbox_lite.models import COLUMNS, OutboxEvent
 
 MIGRATIONS = ["001_create_outbox_event", "002_aggregate_index_published_at",
-              "003_status_index_covers_aggregate", "004_create_inbox_message"]
+              "003_status_index_covers_aggregate", "004_create_inbox_message",
+              "005_exact_aggregate_ids"]
 EXPECTED_TYPES = {
     "id": "bigint", "event_type": "varchar(255)", "aggregate_type": "varchar(255)",
     "aggregate_id": "varchar(255)", "dedupe_key": "varchar(255)", "status": "varchar(16)",
@@ -49,7 +50,10 @@ def test_table_has_the_sixteen_columns_of_the_spec_with_microsecond_instants(fet
     # MariaDB's JSON is LONGTEXT with a json_valid CHECK; MySQL has a JSON type of its own.
     assert types["payload"] == server.json_column_type
     coll = {c["name"]: c["coll"] for c in columns}
-    assert coll["dedupe_key"] == "utf8mb4_bin" and coll["locked_by"] == "utf8mb4_bin"
+    # Identifiers compare exactly (005 made the aggregate and the error code so).
+    for name in ("dedupe_key", "locked_by", "aggregate_type", "aggregate_id",
+                 "last_error_code"):
+        assert coll[name] == "utf8mb4_bin", name
 
 
 def test_table_has_the_required_indexes_and_no_foreign_key(fetch):
@@ -105,6 +109,9 @@ def test_migrate_twice_is_a_no_op_and_rollback_undoes_one_migration_at_a_time(db
     database = db_url.database()
     assert schema.migrate(database) == []  # the fixture migrated already
     assert schema.applied(database) == MIGRATIONS
+    assert schema.rollback(database) == "005_exact_aggregate_ids"
+    assert {c["name"]: c["coll"] for c in _columns(fetch)}["aggregate_id"] == (
+        "utf8mb4_unicode_ci")
     assert schema.rollback(database) == "004_create_inbox_message"
     assert schema.rollback(database) == "003_status_index_covers_aggregate"
     assert _index(fetch, STATUS_INDEX) == ["status", "available_at"]
@@ -126,12 +133,13 @@ def test_the_index_migrations_keep_the_rows_of_a_table_in_use(db_url, repo, fetc
     from conftest import seed
     ids = seed(repo, 50)
     database = db_url.database()
+    assert schema.rollback(database) == "005_exact_aggregate_ids"
     assert schema.rollback(database) == "004_create_inbox_message"
     assert schema.rollback(database) == "003_status_index_covers_aggregate"
     assert schema.rollback(database) == "002_aggregate_index_published_at"
     assert schema.migrate(database) == ["002_aggregate_index_published_at",
                                         "003_status_index_covers_aggregate",
-                                        "004_create_inbox_message"]
+                                        "004_create_inbox_message", "005_exact_aggregate_ids"]
     database.close()
     assert [r["id"] for r in fetch("SELECT id FROM outbox_event ORDER BY id")] == ids
     assert fetch("CHECK TABLE outbox_event")[0]["Msg_text"] == "OK"

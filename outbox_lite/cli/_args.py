@@ -14,9 +14,10 @@ from typing import Iterator, NamedTuple
 
 import peewee as pw
 
-from .. import _checks
+from .. import _checks, _schema
 from .._db import DEFAULT_URL, DatabaseUrl
 from ..errors import OutboxError
+from ..models import TABLE_NAME
 from ..repository import OutboxRepository
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -122,7 +123,10 @@ def open_database(url: DatabaseUrl) -> Iterator[pw.MySQLDatabase]:
 
 @contextlib.contextmanager
 def open_repository(url: DatabaseUrl) -> Iterator[OutboxRepository]:
+    """The command's repository, its table checked first (SchemaError: what is wrong and
+    the repair, in one line), also for the commands that query the model themselves."""
     with open_database(url) as database:
+        _schema.check(database, (TABLE_NAME,))
         yield OutboxRepository(database)
 
 

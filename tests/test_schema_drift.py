@@ -1,0 +1,242 @@
+"""Schema drift: a history that lost rows, a run that stopped between a migration's DDL and its
+history row, a database migrated only part of the way, a table made by hand. ``migrate`` makes
+each migration safe to run again; the commands and the Python API check the tables they find
+(one information_schema query per database object) and say, in one line, what is wrong and how
+to repair it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from outbox_lite import Inbox, OutboxRepository, SchemaError
+from outbox_lite import migrate as schema
+
+from conftest import capture_sql, seed
+
+MIGRATIONS = ["001_create_outbox_event", "002_aggregate_index_published_at",
+              "003_status_index_covers_aggregate", "004_create_inbox_message",
+              "005_exact_aggregate_ids"]
+DDL = re.compile(r"^\s*(CREATE|ALTER|DROP)\b", re.I)
+
+
+def _history(fetch) -> list[str]:
+    return [r["name"] for r in fetch(f"SELECT name FROM {schema.HISTORY_TABLE} ORDER BY id")]
+
+
+def _migration_sql(name: str, constant: str) -> str:
+    scope: dict[str, Any] = {}
+    exec((schema.migrations_dir() / f"{name}.py").read_text(), scope)
+    return scope[constant]
+
+
+def _cli(url, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "outbox_lite.cli", *args,
+                           "--database-url", url.secret_text()],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OUTBOX_DATABASE_URL": ""})
+
+
+# ---------------------------------------------------------------------------
+# migrate: safe to run again
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lost", MIGRATIONS)
+def test_a_change_in_place_without_its_history_row_is_recorded_not_redone(
+        db_url, repo, fetch, lost, caplog):
+    """A run that stopped between a migration's DDL and its history row (MySQL's DDL is not
+    transactional). Before: 004 failed every migrate with (1050, "Table 'inbox_message' already
+    exists"); 003 (and 002, 005) was silently applied again, out of order."""
+    seed(repo, 3)
+    fetch("INSERT INTO inbox_message VALUES ('c', 'm', NOW(6))")
+    fetch(f"DELETE FROM {schema.HISTORY_TABLE} WHERE name = %s", lost)
+    database = db_url.database()
+    with capture_sql(database) as statements, caplog.at_level(logging.WARNING):
+        assert schema.migrate(database) == [lost]
+    assert [sql for sql, _ in statements if DDL.match(sql)] == []  # nothing made again
+    assert f"{lost} was in place but not recorded" in caplog.text
+    assert sorted(_history(fetch)) == MIGRATIONS
+    assert schema.migrate(database) == []
+    database.close()
+    assert len(fetch("SELECT id FROM outbox_event")) == 3
+    assert fetch("SELECT consumer FROM inbox_message") == [{"consumer": "c"}]
+
+
+def test_rollback_refuses_while_history_and_schema_disagree(db_url, fetch):
+    """Before: with 004's history row missing, rollback undid 003, not 004."""
+    fetch(f"DELETE FROM {schema.HISTORY_TABLE} WHERE name = '004_create_inbox_message'")
+    database = db_url.database()
+    with pytest.raises(SchemaError, match=r"004_create_inbox_message is in place but not "
+                                          r"recorded.*run: outbox-lite migrate"):
+        schema.rollback(database)
+    assert len(_history(fetch)) == 4  # nothing undone
+    assert schema.migrate(database) == ["004_create_inbox_message"]
+    assert schema.rollback(database) == "005_exact_aggregate_ids"
+    database.close()
+
+
+def test_rollback_undoes_the_newest_migration_whatever_order_its_rows_were_written(db_url,
+                                                                                   fetch):
+    rows = _history(fetch)
+    fetch(f"DELETE FROM {schema.HISTORY_TABLE}")
+    for name in reversed(rows):  # ids now run 005 … 001
+        fetch(f"INSERT INTO {schema.HISTORY_TABLE} (name, migrated_at) VALUES (%s, NOW())",
+              name)
+    database = db_url.database()
+    assert schema.applied(database) == MIGRATIONS
+    assert schema.rollback(database) == "005_exact_aggregate_ids"
+    database.close()
+
+
+def test_a_missing_change_older_than_the_newest_is_applied_out_of_order_with_a_warning(
+        db_url, fetch, caplog):
+    fetch(_migration_sql("003_status_index_covers_aggregate", "ROLLBACK"))
+    fetch(f"DELETE FROM {schema.HISTORY_TABLE} WHERE name = '003_status_index_covers_aggregate'")
+    database = db_url.database()
+    with caplog.at_level(logging.WARNING):
+        assert schema.migrate(database) == ["003_status_index_covers_aggregate"]
+    database.close()
+    assert ("003_status_index_covers_aggregate was not applied though 005_exact_aggregate_ids "
+            "is: applied it out of order") in caplog.text
+    assert [r["col"] for r in fetch(
+        "SELECT column_name AS col FROM information_schema.statistics WHERE table_schema ="
+        " DATABASE() AND index_name = 'ix_outbox_event_status_available_at'"
+        " ORDER BY seq_in_index")] == ["status", "available_at", "id", "aggregate_type",
+                                      "aggregate_id"]
+
+
+def test_a_recorded_migration_whose_change_is_missing_is_applied_again(db_url, fetch, caplog):
+    fetch("DROP TABLE inbox_message")
+    database = db_url.database()
+    with caplog.at_level(logging.WARNING):
+        assert schema.migrate(database) == ["004_create_inbox_message"]
+    database.close()
+    assert ("004_create_inbox_message was recorded but its change was missing: applied it "
+            "again") in caplog.text
+    assert fetch("SHOW TABLES LIKE 'inbox_message'") != []
+    assert sorted(_history(fetch)) == MIGRATIONS
+
+
+# ---------------------------------------------------------------------------
+# The first-use check: one line, what is wrong and how to repair it
+# ---------------------------------------------------------------------------
+
+def _migrated_only_to_001(db_url) -> None:
+    database = db_url.database()
+    for _ in range(4):
+        schema.rollback(database)
+    database.close()
+
+
+def test_a_database_migrated_only_to_001_is_a_schema_error_at_first_use(db_url, fetch):
+    """Before: it ran with no warning until ``Inbox.accept`` raised a raw ProgrammingError
+    1146."""
+    _migrated_only_to_001(db_url)
+    database = db_url.database()
+    inbox = Inbox(database, "billing")
+    with database.atomic():
+        with pytest.raises(SchemaError) as missing:
+            inbox.accept("m-1")
+    assert str(missing.value) == (
+        f"table inbox_message is missing in {db_url.name} (run: outbox-lite migrate)")
+    repo = OutboxRepository(database)
+    with database.atomic():
+        with pytest.raises(SchemaError, match=r"aggregate_id compares by utf8mb4_unicode_ci, "
+                                              r"not exactly.*; run: outbox-lite migrate$"):
+            repo.create_in_transaction(event_type="t", aggregate_type="a", aggregate_id="1",
+                                       payload={})
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]
+    assert schema.migrate(database) == MIGRATIONS[1:]
+    with database.atomic():  # repaired: the same objects work now
+        assert inbox.accept("m-1")
+        repo.create_in_transaction(event_type="t", aggregate_type="a", aggregate_id="1",
+                                   payload={})
+    database.close()
+
+
+def _hand_made(fetch, *changes: tuple[str, str]) -> None:
+    create = _migration_sql("001_create_outbox_event", "CREATE_OUTBOX_EVENT")
+    create = create.replace("aggregate_type     VARCHAR(255)", "aggregate_type     VARCHAR(255)"
+                            " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    create = create.replace("aggregate_id       VARCHAR(255)", "aggregate_id       VARCHAR(255)"
+                            " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    create = create.replace("last_error_code    VARCHAR(64) ", "last_error_code    VARCHAR(64)"
+                            " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    for old, new in changes:
+        assert old in create
+        create = create.replace(old, new)
+    fetch("DROP TABLE outbox_event")
+    fetch(create)
+
+
+@pytest.mark.parametrize("changes, complaint", [
+    ([("locked_at          DATETIME(6)", "locked_at          DATETIME"),
+      ("available_at       DATETIME(6)", "available_at       DATETIME")],
+     "available_at is datetime, not datetime(6) (its instants would lose their microseconds), "
+     "locked_at is datetime, not datetime(6) (its instants would lose their microseconds); "
+     "repair: ALTER TABLE outbox_event MODIFY available_at DATETIME(6) NOT NULL, "
+     "MODIFY locked_at DATETIME(6) NULL"),
+    ([("dedupe_key         VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+       "dedupe_key         VARCHAR(255)")],
+     "dedupe_key compares by utf8mb4_unicode_ci, not exactly (utf8mb4_bin); repair: ALTER "
+     "TABLE outbox_event MODIFY dedupe_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE "
+     "utf8mb4_bin NOT NULL"),
+], ids=["datetime-without-fraction", "case-insensitive-dedupe-key"])
+def test_a_hand_made_table_is_refused_with_the_statement_that_repairs_it(
+        db_url, fetch, changes, complaint):
+    """Before: accepted, and then ``extend_locks`` returned 0 for claims that were held (the
+    instants lost their microseconds), or two keys differing in case were one."""
+    _hand_made(fetch, *changes)
+    database = db_url.database()
+    repo = OutboxRepository(database)
+    expected = (f"table outbox_event in database {db_url.name} is not as outbox_lite needs "
+                f"it: {complaint}")
+    with pytest.raises(SchemaError) as wrong:
+        repo.find_dispatchable()
+    assert str(wrong.value) == expected
+    with pytest.raises(SchemaError) as again:  # migrate cannot make it right: it says so too
+        schema.migrate(database)
+    assert str(again.value) == expected
+    ran = _cli(db_url, "stats")
+    assert (ran.returncode, ran.stdout) == (1, "")
+    assert ran.stderr == f"outbox-lite stats: error: {expected}\n"
+    fetch(expected.split("repair: ")[1])  # the repair it names works
+    seed(repo, 2)
+    with database.atomic():
+        assert len(repo.claim_batch("w", limit=5)) == 2
+    database.close()
+
+
+def test_the_commands_say_it_in_one_line_without_the_url(db_url, fetch):
+    _migrated_only_to_001(db_url)
+    for command in (["stats"], ["dead-letters"], ["inbox", "purge", "--older-than", "7d"]):
+        ran = _cli(db_url, *command)
+        assert ran.returncode == 1, (command, ran.stderr)
+        lines = ran.stderr.splitlines()
+        assert len(lines) == 1 and "run: outbox-lite migrate" in lines[0], (command, lines)
+        assert "mysql://" not in ran.stderr and str(db_url.port) not in ran.stderr
+    ran = _cli(db_url, "migrate")
+    assert ran.returncode == 0, ran.stderr
+    assert _history(fetch) == MIGRATIONS
+    assert _cli(db_url, "stats").returncode == 0
+
+
+def test_the_first_use_check_is_one_query_per_database_object(db_url):
+    database = db_url.database()
+    repo, inbox = OutboxRepository(database), Inbox(database, "c")
+    with capture_sql(database) as statements:
+        repo.find_dispatchable()
+        repo.stats()
+        with database.atomic():
+            inbox.accept("m")
+        OutboxRepository(database).find_dispatchable()
+    checks = [sql for sql, _ in statements if "information_schema" in sql]
+    assert len(checks) == 1
+    database.close()
