@@ -332,9 +332,7 @@ class Relay:
                     logger.warning("relay %s lost the database connection (%s); reconnecting"
                                    " in %.1f s", self.worker_id, redact(str(exc)),
                                    reconnect_pause)
-                    self._progress(waiting=reconnect_pause)
-                    stop.wait(reconnect_pause)
-                    reconnect_pause = min(self.max_reconnect_pause, reconnect_pause * 2)
+                    reconnect_pause = self._pause(reconnect_pause, stop)
                     self._reconnect()
                 self._progress()
                 if self.progress_every and time.monotonic() >= next_progress:
@@ -650,10 +648,14 @@ class Relay:
         counts.lost += len(outcomes)
         self._given_up += len(outcomes)
 
-    def _pause(self, pause: float) -> float:
-        """Wait ``pause`` seconds (progress, not a hang); returns the next, doubled pause."""
+    def _pause(self, pause: float, stop: threading.Event | None = None) -> float:
+        """The one backoff after a fault: wait ``pause`` seconds (progress, not a hang; cut
+        short by ``stop``); returns the next pause, doubled up to ``max_reconnect_pause``."""
         self._progress(waiting=pause)
-        time.sleep(pause)
+        if stop is None:
+            time.sleep(pause)
+        else:
+            stop.wait(pause)
         return min(self.max_reconnect_pause, pause * 2)
 
     def _count(self, counts: RoundResult, published: Sequence[OutboxEvent] = ()) -> None:
