@@ -499,6 +499,25 @@ class OutboxRepository:
             renewed += changed
         return renewed
 
+    def held_by(self, locked_by: str,
+                event_ids: Iterable[int] | None = None) -> list[OutboxEvent]:
+        """The events ``locked_by`` holds now (``processing`` and claimed by it), in id
+        order; only those among ``event_ids`` when given. A consistent read that locks
+        nothing: after a COMMIT whose answer was lost, it tells a worker what it holds. A
+        held row whose payload cannot be read becomes its dead letter, as in
+        :meth:`claim_batch`, and is not returned."""
+        locked_by = _checks.name("locked_by", locked_by)
+        if event_ids is None:
+            rows = list(self._execute(sql.HELD_BY, (locked_by,)).fetchall())
+        else:
+            rows = [row for chunk in _chunks(_checks.event_ids(event_ids))
+                    for row in self._execute(_with_ids(sql.HELD_AMONG, chunk),
+                                             (locked_by, *chunk)).fetchall()]
+        now = self._now()
+        return self._events(rows, None, sql.FAILED_FOR_GOOD,
+                            lambda event_id, code, message: (
+                                code, message, now, event_id, locked_by))
+
     # -- recovery -----------------------------------------------------------------------
 
     def release_expired_locks(self, lock_timeout: dt.timedelta | float) -> int:
