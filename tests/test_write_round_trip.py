@@ -178,3 +178,30 @@ def test_a_key_in_the_gap_just_before_a_refused_duplicate(db, db_url, fetch, ser
     assert outcomes == {"k5": "refused", "k4": expected, "k3-x": expected}
     written = {r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")}
     assert ("k4" in written) is not waits and ("k3-x" in written) is not waits
+
+
+def test_a_session_level_of_read_committed_is_one_statement_on_both_servers(db, db_url,
+                                                                             fetch):
+    """The level may come from the session (here ``init_command``; a server default or the
+    driver's options alike), read with the session question once per connection: plain
+    ``atomic()`` at READ COMMITTED sends one INSERT … WHERE NOT EXISTS, MySQL included, and a
+    duplicate is refused by it (0 rows) with the transaction going on."""
+    database = db_url.database(init_command="SET SESSION TRANSACTION ISOLATION LEVEL"
+                                            " READ COMMITTED")
+    repo = OutboxRepository(database)
+    try:
+        with database.atomic():
+            repo.create_in_transaction(**EVENT, dedupe_key="warm")
+        with capture_sql(database) as statements, database.atomic():
+            repo.create_in_transaction(**EVENT, dedupe_key="job-42")
+            with pytest.raises(DuplicateEventError):
+                repo.create_in_transaction(**EVENT, dedupe_key="warm")
+            database.execute_sql("INSERT INTO job (name) VALUES (%s)", ("after",))
+    finally:
+        database.close()
+    sent = _library_statements(statements)
+    assert sent == ["INSERT", "INSERT"], statements
+    assert all("NOT EXISTS" in sql for sql, _ in statements if sql.startswith("INSERT INTO out"))
+    assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
+        "job-42", "warm"]
+    assert fetch("SELECT name FROM job") == [{"name": "after"}]
