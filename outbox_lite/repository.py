@@ -249,7 +249,8 @@ class OutboxRepository:
         as the migrations make it, and DuplicateEventError when
         ``dedupe_key`` exists (the caller's transaction stays usable, and a duplicate that
         had committed holds up no other writer's event: see "How it locks" in the README).
-        On a connection the library has used before, it sends one statement (the INSERT),
+        On a connection the library has used before (and with the server's clock read in
+        the last 10 s, see :mod:`outbox_lite._clock`) it sends one statement (the INSERT),
         with or without a ``dedupe_key``; the one exception is a ``dedupe_key`` on MySQL at
         REPEATABLE READ or SERIALIZABLE, where a lock-free read of the key goes first,
         because there a refused INSERT would hold up every writer. Like Peewee's

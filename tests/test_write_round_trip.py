@@ -3,7 +3,8 @@ duplicate still holds up no other writer.
 
 The common case is a warm connection: the first statement the library runs on a connection
 also asks the server about the session (``_session``), reads ``max_allowed_packet``
-(``_packet``) and, once per repository, checks the table (``_schema``); after that, each
+(``_packet``), reads the server's clock (``_clock``: again every 10 s; the ``repo`` fixture's
+clock is injected) and, once per repository, checks the table (``_schema``); after that, each
 ``create_in_transaction`` sends what is counted here. What each statement locks, measured on
 both servers, is in ``outbox_lite/_sql.py`` (``INSERT_UNLESS_TAKEN``).
 """
