@@ -132,23 +132,6 @@ class Server:
         (``SET TRANSACTION ISOLATION LEVEL …``), before or during it."""
         return "tx_isolation" if self.is_mariadb else "transaction_isolation"
 
-    # -- writing ---------------------------------------------------------------------------
-
-    @property
-    def refused_insert_locks_writers_out(self) -> bool:
-        """Whether an INSERT refused by a unique key (1062) at REPEATABLE READ or SERIALIZABLE
-        leaves a lock that holds up every other writer's INSERT until the transaction ends.
-
-        MySQL 9.7 does: it inserts the clustered row first, undoes it when the unique index
-        refuses, and hands the undone row's lock on to the gap before the primary key's end
-        (``performance_schema.data_locks``: ``PRIMARY``, ``X``, ``supremum pseudo-record``),
-        where every auto-increment INSERT goes. MariaDB 10.11 keeps no such lock: what is left
-        on both is the shared next-key lock on the duplicate's own unique entry, which holds
-        up only INSERTs of keys sorting between it and the key before it. At READ COMMITTED
-        MySQL keeps no gap either. (``_sql.INSERT_UNLESS_TAKEN`` and the README's "How it
-        locks" give the measurement.)"""
-        return not self.is_mariadb
-
     # -- logins and TLS --------------------------------------------------------------------
 
     @property

@@ -60,8 +60,10 @@ INSERT = (
 #:   plain INSERT's locks, and the id is the cursor's lastrowid already.
 #:
 #: So: READ COMMITTED or READ UNCOMMITTED, both servers: :data:`INSERT_UNLESS_TAKEN` (0 rows:
-#: a committed duplicate). REPEATABLE READ or SERIALIZABLE: on MariaDB the plain INSERT and
-#: its 1062; on MySQL :data:`DEDUPE_KEY_TAKEN`, then the INSERT (two round trips).
+#: a committed duplicate). REPEATABLE READ or SERIALIZABLE, both servers: :data:`DEDUPE_KEY_TAKEN`,
+#: then the INSERT (two round trips): every one-statement form leaves a lock that holds up
+#: some other writer there (MariaDB's refused INSERT the gap before the key, MySQL's every
+#: writer), and no writer waits on another's refused duplicate.
 INSERT_UNLESS_TAKEN = (
     "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
     " status, attempt_count, available_at, created_at, updated_at)"
@@ -71,7 +73,7 @@ INSERT_UNLESS_TAKEN = (
 )
 
 #: Whether a dedupe_key is taken, by a consistent read that locks nothing: asked before the
-#: INSERT on MySQL at REPEATABLE READ and SERIALIZABLE (see above). It cannot see a key of a
+#: INSERT at REPEATABLE READ and SERIALIZABLE (see above). It cannot see a key of a
 #: transaction that has not committed: that INSERT waits for it, and a refusal after the
 #: wait keeps the locks described above on both servers.
 DEDUPE_KEY_TAKEN = (

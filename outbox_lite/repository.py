@@ -312,15 +312,14 @@ class OutboxRepository:
         """How to write an event with the caller's ``dedupe_key`` (params[3]) so that a
         refused duplicate holds up no other writer's event: (statement, its params, whether
         the lock-free read :data:`~outbox_lite._sql.DEDUPE_KEY_TAKEN` goes first). One
-        statement unless the server is MySQL and the transaction REPEATABLE READ or
-        SERIALIZABLE (the measurements are in :mod:`outbox_lite._sql`). Asks the server
-        nothing: the level and the server are known per connection (:mod:`._session`)."""
+        statement at READ COMMITTED or READ UNCOMMITTED; the read, then the INSERT, at
+        REPEATABLE READ or SERIALIZABLE, where a refused INSERT would hold up other writers on
+        either server (the measurements are in :mod:`outbox_lite._sql`). Asks the server
+        nothing: the level is known per connection (:mod:`._session`)."""
         level = _session.transaction_isolation(self.database)
         if level in _ONE_STATEMENT_LEVELS:
             return sql.INSERT_UNLESS_TAKEN, (*params, params[3]), False
-        if _session.session_of(self.database).server.refused_insert_locks_writers_out:
-            return sql.INSERT, params, True
-        return sql.INSERT, params, False
+        return sql.INSERT, params, True
 
     # -- claiming -----------------------------------------------------------------------
 
