@@ -21,7 +21,6 @@ from typing import Any, Iterator
 
 import pymysql
 import pytest
-from playhouse.pool import PooledMySQLDatabase
 
 from outbox_lite import OutboxRepository
 from outbox_lite import migrate as schema
@@ -30,6 +29,7 @@ from outbox_lite.cli import main
 from outbox_lite.relay import Relay
 
 from _servers import own_server
+from conftest import QuietPooledMySQLDatabase
 
 PASSWORD = "autocommit-off-pw"
 SERVICE = "outbox_service"
@@ -129,7 +129,17 @@ def test_what_each_server_answers_and_what_the_library_makes_of_it(private, serv
     assert service.execute_sql("SELECT @@SESSION.autocommit").fetchone()[0] == 1
 
 
+def _session_autocommit(database: Any) -> int:
+    """The session's autocommit as the driver left it, read past the library."""
+    with database.connection().cursor() as cur:
+        cur.execute("SELECT @@SESSION.autocommit")
+        return int(cur.fetchone()[0])
+
+
 def test_single_row_methods_commit_and_say_so_once(private, service, caplog):
+    # Peewee 4 leaves the session as init_connect made it (off); Peewee 3's connection on
+    # MariaDB came back with it on (measured), and then there is nothing to say.
+    started_off = _session_autocommit(service) == 0
     repo = OutboxRepository(service)
     first, second, third = _events(service, repo, 3)
     with caplog.at_level(logging.WARNING, logger="outbox_lite"):
@@ -145,13 +155,14 @@ def test_single_row_methods_commit_and_say_so_once(private, service, caplog):
     assert private.look("SELECT published_at IS NOT NULL, locked_by FROM outbox_event"
                         " WHERE id = %s", first) == [(1, None)]
     warnings = [r.getMessage() for r in caplog.records if "autocommit" in r.getMessage()]
-    assert len(warnings) == 1, warnings  # once per database, not per connection
-    assert f"{private.root.host}:{private.root.port}/{private.root.name}" in warnings[0]
+    assert len(warnings) == (1 if started_off else 0), warnings  # once per database
+    if started_off:
+        assert f"{private.root.host}:{private.root.port}/{private.root.name}" in warnings[0]
     assert PASSWORD not in caplog.text
 
 
 def test_every_pooled_connection_commits(private, service):
-    pool = private.service.database(PooledMySQLDatabase, max_connections=2)
+    pool = private.service.database(QuietPooledMySQLDatabase, max_connections=2)
     repo = OutboxRepository(pool)
     ids = _events(pool, repo, 4)
     pool.close()
