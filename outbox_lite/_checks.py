@@ -158,7 +158,8 @@ def bounded_text(field: str, value: Any, max_bytes: int) -> str:
 
 
 def utc_now() -> dt.datetime:
-    """The default clock: the current instant, aware, in UTC."""
+    """The host's clock, aware, in UTC: only for a caller that passes it as ``clock`` (the
+    default is the database server's, :mod:`outbox_lite._clock`)."""
     return dt.datetime.now(dt.timezone.utc)
 
 

@@ -82,6 +82,15 @@ MARK_PROCESSING = f"UPDATE {BY_PK} {CLAIM_SET} WHERE id = %s AND {DISPATCHABLE}"
 # -- outcomes (each fenced: the event is processing and held by the caller) ----------------
 
 HELD = f"status = '{PROCESSING}' AND locked_by = %s"
+#: What a worker holds (``held_by``): a consistent read, no lock.
+HELD_BY = f"{SELECT}outbox_event WHERE {HELD} ORDER BY id"
+HELD_AMONG = f"{SELECT}{BY_PK} WHERE {HELD} AND id IN ({{ids}}) ORDER BY id"
+#: Whether a server session (a connection id) still runs: an interrupted relay waits for
+#: the one it dropped before it counts its claims.
+SESSION_ALIVE = "SELECT COUNT(*) FROM information_schema.processlist WHERE id = %s"
+#: Where the relay's outcomes stand, after a statement whose answer was lost.
+OUTCOME_STATES = (f"SELECT id, status, locked_by, attempt_count, last_error_code FROM {BY_PK}"
+                  " WHERE id IN ({ids})")
 _PUBLISH_SET = (
     f"SET status = '{PUBLISHED}', published_at = %s,"
     " locked_by = NULL, locked_at = NULL, updated_at = %s"

@@ -45,6 +45,7 @@ from typing import Any, Callable
 import peewee as pw
 
 from . import _checks, _schema
+from ._clock import server_clock
 from ._db import execute
 from .errors import OutboxError, TransactionRequiredError, driver_errno
 
@@ -78,17 +79,20 @@ class Inbox:
 
     ``consumer`` names the consumer (a service, or one handler of it): 1–64 printable
     characters without leading or trailing white space, compared exactly; two consumers of
-    one message each handle it once. ``clock`` returns the current aware datetime (inject one
-    in tests). Raises TypeError for a database that is not MySQL/MariaDB's (or not utf8mb4)
-    and InvalidEventError for a bad ``consumer``, before any SQL.
+    one message each handle it once. ``clock`` gives ``received_at`` and the purge ages: by
+    default (None) the database server's clock, as :class:`~outbox_lite.OutboxRepository`'s,
+    so hosts whose wall clocks disagree agree on a record's age; a callable returning an
+    aware datetime replaces it (tests inject one). Raises TypeError for a database that is
+    not MySQL/MariaDB's (or not utf8mb4) and InvalidEventError for a bad ``consumer``,
+    before any SQL.
     """
 
     def __init__(self, database: pw.Database, consumer: str, *,
-                 clock: Callable[[], dt.datetime] = _checks.utc_now) -> None:
+                 clock: Callable[[], dt.datetime] | None = None) -> None:
         self.database = _checks.database(database)
         self.consumer = _consumer(consumer)
-        self._now = _checks.clock(clock)
-        self.clock = clock
+        self._now = _reader(self.database, clock)
+        self.clock = server_clock(self.database) if clock is None else clock
         self._schema_checked = False
 
     def __repr__(self) -> str:
@@ -131,18 +135,25 @@ class Inbox:
                      clock=self.clock)
 
 
-def _cutoff(older_than: Any, consumer: Any,
-            clock: Callable[[], dt.datetime]) -> tuple[dt.datetime, str | None]:
+def _reader(database: pw.Database,
+            clock: Callable[[], dt.datetime] | None) -> Callable[[], dt.datetime]:
+    """What reads ``clock`` (None: the server's) as naive UTC."""
+    return server_clock(database).naive if clock is None else _checks.clock(clock)
+
+
+def _cutoff(database: pw.Database, older_than: Any, consumer: Any,
+            clock: Callable[[], dt.datetime] | None) -> tuple[dt.datetime, str | None]:
     age = _checks.duration("older_than", older_than)
     consumer = None if consumer is None else _consumer(consumer)
-    return _checks.before("older_than", _checks.clock(clock)(), age), consumer
+    return _checks.before("older_than", _reader(database, clock)(), age), consumer
 
 
 def purge(database: pw.Database, older_than: dt.timedelta | float, *,
           consumer: str | None = None, batch_size: int = 1000,
-          clock: Callable[[], dt.datetime] = _checks.utc_now) -> int:
+          clock: Callable[[], dt.datetime] | None = None) -> int:
     """Delete the inbox records of ``consumer`` (None: of every consumer) received more than
-    ``older_than`` ago, ``batch_size`` rows per page. Returns how many were deleted.
+    ``older_than`` ago by ``clock`` (None: the database server's), ``batch_size`` rows per
+    page. Returns how many were deleted.
 
     Runs in autocommit only (OutboxError inside a transaction, before any SQL): each DELETE
     then commits alone and holds its record locks for one statement. Inside a transaction
@@ -156,8 +167,8 @@ def purge(database: pw.Database, older_than: dt.timedelta | float, *,
         raise OutboxError(
             "purge() runs in autocommit, outside any transaction: each batch commits alone, "
             "so no record stays locked longer than one statement")
-    cutoff, consumer = _cutoff(older_than, consumer, clock)
     batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
+    cutoff, consumer = _cutoff(database, older_than, consumer, clock)
     _schema.check(database, (TABLE_NAME,))
     where = "received_at < %s"
     params: list[Any] = [cutoff]
@@ -190,11 +201,11 @@ def purge(database: pw.Database, older_than: dt.timedelta | float, *,
 
 def count_older_than(database: pw.Database, older_than: dt.timedelta | float, *,
                      consumer: str | None = None,
-                     clock: Callable[[], dt.datetime] = _checks.utc_now) -> int:
+                     clock: Callable[[], dt.datetime] | None = None) -> int:
     """How many records :func:`purge` would delete now (what a dry run reports); a plain
     read that locks nothing."""
     database = _checks.database(database)
-    cutoff, consumer = _cutoff(older_than, consumer, clock)
+    cutoff, consumer = _cutoff(database, older_than, consumer, clock)
     _schema.check(database, (TABLE_NAME,))
     statement = f"SELECT COUNT(*) FROM {_BY_AGE} WHERE received_at < %s"
     params: list[Any] = [cutoff]

@@ -11,7 +11,11 @@ claiming again, so an outage does not spend every event's attempts.
 
 Lock conflicts and lost connections never end :meth:`Relay.run`: the round is retried, after
 :func:`outbox_lite.reconnect` with a bounded backoff when the connection broke (so also for a
-database made with ``autoconnect=False`` and for a pooled one). Stopping finishes the batch in
+database made with ``autoconnect=False`` and for a pooled one). A COMMIT or an outcome's
+UPDATE whose answer was lost is not taken as undone: the relay reads what it holds
+(:meth:`OutboxRepository.held_by`) and its outcomes' rows, and goes on from what is true.
+A KeyboardInterrupt stops it at once, leaving its claims to expire
+(:meth:`Relay.claims_held` counts them). Stopping finishes the batch in
 hand and records its outcomes first. The relay imports no broker client: a publisher is any
 object with ``publish(events)`` and ``close()`` (:class:`Publisher`). Nor any metrics client: a
 relay given ``metrics`` tells that :class:`RelayObserver` what happens (its counts, rounds,
@@ -28,10 +32,12 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from typing import Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from . import _checks, wake as _wake
-from ._db import CONNECTION_ERRORS, is_connection_error, reconnect
+from . import _sql as sql
+from ._clock import ServerClock
+from ._db import CONNECTION_ERRORS, _drop, execute, is_connection_error, reconnect
 from ._session import claim_transaction
 from .errors import InvalidEventError, LockConflictError
 from .models import MAX_ERROR_CODE_LENGTH, OutboxEvent
@@ -149,6 +155,9 @@ class _Outcomes:
 
     def copy(self) -> _Outcomes:
         return _Outcomes(list(self.ok), list(self.failed), self.give_up_at)
+
+    def events(self) -> list[OutboxEvent]:
+        return [*self.ok, *(event for event, _ in self.failed)]
 
     def __len__(self) -> int:
         return len(self.ok) + len(self.failed)
@@ -273,6 +282,10 @@ class Relay:
                                      give_up_after=self.stuck_after)
         self._next_release = 0.0
         self._next_stats = 0.0
+        #: time.monotonic() at which a claim transaction began whose COMMIT was not seen to
+        #: succeed (None: none): the next round reads what this relay holds before going on.
+        self._doubt_since: float | None = None
+        self._given_up = 0  # lost claims counted by _give_up, not yet through _count
         self._running = False
         self._progress_at = 0.0  # time.monotonic() of the loop's last progress (see _progress)
         if metrics is not None:
@@ -317,22 +330,27 @@ class Relay:
                         idle.wait(stop)
                         self.stats.idle_seconds += time.monotonic() - started
                     reconnect_pause = self.reconnect_pause
-                except LockConflictError:
+                except LockConflictError as exc:
+                    _reraise_interrupt(exc)
                     self.stats.lock_conflicts += 1  # the server rolled back: claim again
+                    self._progress(waiting=self.idle_pause)
+                    stop.wait(self.idle_pause)
                 except CONNECTION_ERRORS as exc:
+                    _reraise_interrupt(exc)  # a rollback on the connection it broke
                     if not is_connection_error(exc):
                         raise
                     logger.warning("relay %s lost the database connection (%s); reconnecting"
                                    " in %.1f s", self.worker_id, redact(str(exc)),
                                    reconnect_pause)
-                    self._progress(waiting=reconnect_pause)
-                    stop.wait(reconnect_pause)
-                    reconnect_pause = min(self.max_reconnect_pause, reconnect_pause * 2)
+                    reconnect_pause = self._pause(reconnect_pause, stop)
                     self._reconnect()
                 self._progress()
                 if self.progress_every and time.monotonic() >= next_progress:
                     self.log_progress()
                     next_progress = time.monotonic() + self.progress_every
+        except KeyboardInterrupt:
+            carried = None  # stopping at once: the claims held are left to expire
+            raise
         finally:
             stop_listening()
             try:
@@ -366,9 +384,11 @@ class Relay:
     def run_once(self) -> RoundResult:
         """One round: release (when due), claim, publish, record. Returns its counts.
 
-        Raises LockConflictError or a connection error from the claim, before anything was
-        claimed; once a batch is claimed, its outcomes are recorded (retrying over lost
-        connections) before this returns.
+        Raises LockConflictError or a connection error from the claim transaction; after a
+        connection error its COMMIT may have gone through, so the next round first reads what
+        this relay holds and publishes that. Once a batch is claimed, its outcomes are
+        recorded (retrying over lost connections and lock conflicts until the claims would
+        have expired) before this returns.
         """
         result, outcomes = self._round(None)
         self._record(outcomes, result)
@@ -377,9 +397,16 @@ class Relay:
     def _round(self, carried: _Outcomes | None) -> tuple[RoundResult, _Outcomes | None]:
         """Release (when due); in one transaction, record ``carried`` and claim; publish.
         Returns the round's counts and the new batch's outcomes, not recorded yet. When the
-        transaction fails, nothing of it happened: ``carried`` is still to be recorded (the
-        caller keeps it) and the error propagates."""
+        transaction fails, the error propagates and the caller keeps ``carried``; as its
+        COMMIT may have gone through, the next round first reads what it did
+        (:meth:`_settle_doubt`): outcomes it recorded leave ``carried``, a batch it claimed
+        is published."""
         result = RoundResult()
+        adopted: list[OutboxEvent] = []
+        claimed_since = time.monotonic()
+        if self._doubt_since is not None:
+            claimed_since = self._doubt_since
+            adopted = self._settle_doubt(carried)
         if carried is not None and time.monotonic() > carried.give_up_at:
             self._give_up(carried, result)
             carried = None
@@ -387,13 +414,19 @@ class Relay:
             result.released = self.repository.release_expired_locks(self.lock_timeout)
             self._next_release = time.monotonic() + self.release_every
         started = time.monotonic()
+        if not adopted:
+            claimed_since = started
         recorded = RoundResult()
         published: list[OutboxEvent] = []
+        # Until the COMMIT is seen to return, what it did is unknown: a lost connection (or
+        # an interrupt) in between leaves the next round to read what this relay holds.
+        self._doubt_since = claimed_since
         with claim_transaction(self._database):  # never SERIALIZABLE (see _session)
             if carried is not None:
                 self._record_steps(carried.copy(), recorded, published)
-            batch = self.repository.claim_batch(self.worker_id, limit=self.batch_size,
-                                                ordered=self.ordered)
+            batch = adopted or self.repository.claim_batch(
+                self.worker_id, limit=self.batch_size, ordered=self.ordered)
+        self._doubt_since = None
         self.stats.claim_seconds += time.monotonic() - started
         self._count(recorded, published)  # committed: now it happened
         result.claimed = len(batch)
@@ -405,7 +438,7 @@ class Relay:
             outcomes = _Outcomes(
                 ok=[e for e in batch if e.id not in failures],
                 failed=[(e, failures[e.id]) for e in batch if e.id in failures],
-                give_up_at=started + self.lock_timeout)
+                give_up_at=claimed_since + self.lock_timeout)
         self.stats.rounds += 1
         self._count(result)
         if self.metrics is not None:
@@ -415,6 +448,22 @@ class Relay:
     def close(self) -> None:
         """Stop the heartbeat thread. The publisher and the database stay the caller's."""
         self._heartbeat.stop()
+
+    def claims_held(self) -> int:
+        """How many claims this relay holds now, as the database says: what a :meth:`run`
+        stopped at once (KeyboardInterrupt) leaves behind, released after the lock timeout.
+        Read on a new connection of the calling thread: the one the interrupt may have broken
+        mid-statement is dropped first, and the server is let finish what it was doing on
+        it (a COMMIT whose answer was never read)."""
+        conn = getattr(getattr(self._database, "_state", None), "conn", None)
+        thread_id = getattr(conn, "thread_id", None)
+        old = thread_id() if callable(thread_id) else None
+        reconnect(self._database)
+        deadline = time.monotonic() + 10.0
+        while old is not None and time.monotonic() < deadline and execute(
+                self._database, sql.SESSION_ALIVE, (old,)).fetchone()[0]:
+            time.sleep(0.01)
+        return len(self.repository.held_by(self.worker_id))
 
     def log_progress(self) -> None:
         """Log one line of progress (never a payload or a credential): the totals since the
@@ -464,22 +513,36 @@ class Relay:
         counts = RoundResult()
         published: list[OutboxEvent] = []
         pause = self.reconnect_pause
+        in_doubt = False  # a statement's answer was lost: read what it did before going on
         while outcomes:
             try:
+                if in_doubt:
+                    self._settle(outcomes, counts, published)
+                    in_doubt = False
+                    continue
                 self._record_steps(outcomes, counts, published)  # each step done is done
-            except LockConflictError:
+            except LockConflictError as exc:
+                # Someone else's lock (an operator's SELECT ... FOR UPDATE, say): wait, but
+                # never past the claims' expiry, as for a lost connection.
+                _reraise_interrupt(exc)
                 self.stats.lock_conflicts += 1
+                if time.monotonic() + pause > outcomes.give_up_at:
+                    self._give_up(outcomes, counts, "a lock conflict")
+                    break
+                logger.warning("relay %s: recording outcomes met a lock conflict (%s);"
+                               " retrying in %.1f s", self.worker_id, exc, pause)
+                pause = self._pause(pause)
             except CONNECTION_ERRORS as exc:
+                _reraise_interrupt(exc)
                 if not is_connection_error(exc):
                     raise
+                in_doubt = True
                 if time.monotonic() + pause > outcomes.give_up_at:
-                    self._give_up(outcomes, counts)
+                    self._give_up(outcomes, counts, "a lost connection")
                     break
                 logger.warning("relay %s: recording outcomes lost the connection (%s);"
                                " retrying in %.1f s", self.worker_id, redact(str(exc)), pause)
-                self._progress(waiting=pause)
-                time.sleep(pause)
-                pause = min(self.max_reconnect_pause, pause * 2)
+                pause = self._pause(pause)
                 self._reconnect()
             self._progress()
         self.stats.record_seconds += time.monotonic() - started
@@ -497,10 +560,14 @@ class Relay:
         if outcomes.ok:
             recorded = self.repository.mark_published_many([e.id for e in outcomes.ok],
                                                            self.worker_id)
-            counts.published += recorded
-            counts.lost += len(outcomes.ok) - recorded
-            published.extend(outcomes.ok[:recorded])
-            outcomes.ok = []
+            if recorded == len(outcomes.ok):
+                counts.published += recorded
+                published.extend(outcomes.ok)
+                outcomes.ok = []
+            else:  # taken over, or recorded by an attempt whose answer was lost: read which
+                unrecorded = _Outcomes(outcomes.ok, [], outcomes.give_up_at)
+                self._settle(unrecorded, counts, published)
+                outcomes.ok = unrecorded.ok  # still held (none, but never dropped unsaid)
         while outcomes.failed:
             event, exc = outcomes.failed[0]
             retry = getattr(exc, "retryable", True) is not False
@@ -511,25 +578,117 @@ class Relay:
                 else:
                     counts.dead += 1
             else:
-                counts.lost += 1
+                self._settle(_Outcomes([], [(event, exc)], outcomes.give_up_at), counts,
+                             published)
             outcomes.failed.pop(0)
 
-    def _give_up(self, outcomes: _Outcomes, counts: RoundResult) -> None:
-        logger.error("relay %s: gave up recording %d outcomes: the claims have expired and"
-                     " will be published again", self.worker_id, len(outcomes))
+    def _settle(self, outcomes: _Outcomes, counts: RoundResult,
+                published: list[OutboxEvent]) -> None:
+        """After a statement or a COMMIT whose answer was lost: read the rows of
+        ``outcomes``' events and count those whose outcome is recorded (published, or back
+        to pending / failed with this failure's code, and claimed no more since this relay's
+        claim); those still held stay in ``outcomes``, to be recorded; the rest were taken
+        over (``lost``)."""
+        events = outcomes.events()
+        if not events:
+            return
+        rows: dict[int, tuple[Any, ...]] = {}
+        ids = [e.id for e in events]
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            statement = sql.OUTCOME_STATES.format(ids=sql.placeholders(len(chunk)))
+            rows.update((row[0], tuple(row[1:]))
+                        for row in execute(self._database, statement, chunk).fetchall())
+
+        def state(event: OutboxEvent) -> str:
+            status, locked_by, attempts, _code = rows.get(event.id, (None, None, -1, None))
+            if status == "processing" and locked_by == self.worker_id:
+                return "held"
+            return "same claim" if attempts == event.attempt_count else "taken over"
+
+        kept_ok = []
+        for event in outcomes.ok:
+            where = state(event)
+            if where == "held":
+                kept_ok.append(event)
+            elif where == "same claim" and rows[event.id][0] == "published":
+                counts.published += 1
+                published.append(event)
+            else:
+                counts.lost += 1
+        kept_failed = []
+        for event, exc in outcomes.failed:
+            where = state(event)
+            status, _, _, code = rows.get(event.id, (None, None, -1, None))
+            if where == "held":
+                kept_failed.append((event, exc))
+            elif where == "same claim" and code == _error_code(exc) and status in (
+                    "pending", "failed"):
+                if status == "pending":
+                    counts.retried += 1
+                else:
+                    counts.dead += 1
+            else:
+                counts.lost += 1
+        outcomes.ok, outcomes.failed = kept_ok, kept_failed
+
+    def _settle_doubt(self, carried: _Outcomes | None) -> list[OutboxEvent]:
+        """A claim transaction's COMMIT was not seen to succeed: find out what it did.
+        Counts ``carried``'s outcomes it recorded (and leaves in ``carried`` those still to
+        record); returns the events this relay holds besides, the batch it claimed, to be
+        published now rather than left to expire."""
+        self._reconnect_if_needed()
+        if carried is not None:
+            counts = RoundResult()
+            published: list[OutboxEvent] = []
+            self._settle(carried, counts, published)
+            self._count(counts, published)  # now, as settled events leave ``carried``
+        left = {e.id for e in carried.events()} if carried is not None else set()
+        adopted = [e for e in self.repository.held_by(self.worker_id) if e.id not in left]
+        self._doubt_since = None
+        if adopted:
+            logger.info("relay %s: a claim's COMMIT had gone through although its answer was"
+                        " lost: publishing its %d events", self.worker_id, len(adopted))
+        return adopted
+
+    def _give_up(self, outcomes: _Outcomes, counts: RoundResult,
+                 why: str = "the claims' expiry") -> None:
+        logger.error("relay %s: gave up recording %d outcomes after %s: the claims have"
+                     " expired and will be published again", self.worker_id, len(outcomes),
+                     why)
         counts.lost += len(outcomes)
+        self._given_up += len(outcomes)
+
+    def _pause(self, pause: float, stop: threading.Event | None = None) -> float:
+        """The one backoff after a fault: wait ``pause`` seconds (progress, not a hang; cut
+        short by ``stop``); returns the next pause, doubled up to ``max_reconnect_pause``."""
+        self._progress(waiting=pause)
+        if stop is None:
+            time.sleep(pause)
+        else:
+            stop.wait(pause)
+        return min(self.max_reconnect_pause, pause * 2)
 
     def _count(self, counts: RoundResult, published: Sequence[OutboxEvent] = ()) -> None:
         """Add a round's (or a record's) counts to the totals, tell the metrics, and warn of
         lost claims: the one way into ``stats``' counts, so progress lines and metrics say
         the same."""
-        if counts.lost:
+        given_up = min(counts.lost, self._given_up)  # _give_up said why already
+        self._given_up -= given_up
+        if counts.lost > given_up:
             logger.warning("relay %s: %d claims had expired and were taken over before their"
-                           " outcome was recorded", self.worker_id, counts.lost)
+                           " outcome was recorded", self.worker_id, counts.lost - given_up)
         self.stats.add(counts)
         if self.metrics is not None:
-            self.metrics.counted(counts, published,
-                                 self.repository.clock() if published else None)
+            self.metrics.counted(counts, published, self._recorded_at() if published else None)
+
+    def _recorded_at(self) -> dt.datetime:
+        """Now by the repository's clock, for the metrics: never a statement of its own (a
+        lost connection here must not lose a batch that was claimed), the server clock's
+        last estimate instead, which the statement that recorded the events just refreshed."""
+        clock = self.repository.clock
+        at = clock.peek() if isinstance(clock, ServerClock) else None
+        return at if at is not None else clock()
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -572,6 +731,24 @@ class Relay:
         """A new connection, or (server unreachable) none: the next round tries again."""
         reconnect(self._database)
         self.stats.reconnects += 1
+
+    def _reconnect_if_needed(self) -> None:
+        """With ``autoconnect=False`` a dropped connection is not reopened by the next query."""
+        if self._database.is_closed() and not getattr(self._database, "autoconnect", True):
+            self._reconnect()
+
+
+def _reraise_interrupt(exc: BaseException) -> None:
+    """Raise the KeyboardInterrupt ``exc`` was raised while unwinding from, if any (a
+    ROLLBACK on the connection an interrupt broke raises InterfaceError and hides it): the
+    interrupt must stop the relay at once, not pass for a lost connection."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            raise cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
 
 
 def _seconds(name: str, value: float | None, default: float | None = None, *,
@@ -652,14 +829,18 @@ class _Heartbeat:
         database = self.repository.database
         try:
             while (held := self._due()) is not None:
+                # A connection per renewal, handed back at once: a pooled one returns to its
+                # pool even when the relay is never closed (then this thread never ends).
                 try:
+                    if database.is_closed():
+                        database.connect()  # autoconnect=False too
                     renewed = self.repository.extend_locks(held, self.worker_id)
                 except Exception as exc:  # noqa: BLE001 - the main loop records the outcome
                     logger.warning("relay %s: renewing %d claims failed: %s", self.worker_id,
                                    len(held), redact(str(exc)))
-                    if is_connection_error(exc):
-                        reconnect(database)  # or not yet: tried again at the next beat
-                    continue
+                    continue  # a new connection at the next beat
+                finally:
+                    _drop(database)
                 self.stats.renewals += 1
                 with self._cond:
                     current = self._held == held
@@ -667,5 +848,4 @@ class _Heartbeat:
                     logger.warning("relay %s: %d of %d claims were lost during a long"
                                    " publish", self.worker_id, len(held) - renewed, len(held))
         finally:
-            if not database.is_closed():
-                database.close()
+            _drop(database)

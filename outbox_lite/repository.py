@@ -21,6 +21,7 @@ import peewee as pw
 
 from . import _checks, _packet, _schema, _session, wake as _wake
 from . import _sql as sql
+from ._clock import server_clock
 from ._db import execute
 from .backoff import Backoff
 from .errors import (
@@ -107,20 +108,19 @@ def _decode_payload(text: Any) -> Any:
             "delete it")) from None
 
 
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(_UTC)
-
-
-def _naive_utc_now() -> dt.datetime:
-    return dt.datetime.now(_UTC).replace(tzinfo=None)
-
-
 class OutboxRepository:
     """The outbox on one Peewee ``database`` (the object the caller opens ``atomic()`` on).
 
     Options (keyword-only): ``max_attempts`` claims before an event is dead-lettered;
-    ``backoff`` the :class:`Backoff` between retries; ``clock`` returns the current aware
-    datetime (inject one in tests); ``max_payload_bytes`` the JSON size limit;
+    ``backoff`` the :class:`Backoff` between retries; ``clock`` the source of every instant
+    the repository records or compares (``created_at``, a default ``available_at``,
+    ``locked_at``, ``published_at``, the backoff, lock expiry, purge and pending ages): by
+    default (None) the database server's clock, ``UTC_TIMESTAMP(6)``, read once and then
+    extrapolated with the host's monotonic clock (read again every 10 s and on a new
+    connection), so hosts whose wall clocks disagree by any amount agree on every instant;
+    a callable returning an aware datetime replaces it (tests inject one to move time;
+    a host's own clock there gives up that agreement). ``repository.clock()`` reads the
+    clock in use. ``max_payload_bytes`` the JSON size limit;
     ``allowed_payload_keys`` key names the credential guard must let through;
     ``claim_window`` how many candidates per wanted event ``claim_batch`` reads at a time;
     ``wake`` a wake-up URL (``redis://…`` or ``nats://…``, or None): each event created rings
@@ -135,7 +135,7 @@ class OutboxRepository:
         *,
         max_attempts: int = 5,
         backoff: Backoff | None = None,
-        clock: Clock = _utc_now,
+        clock: Clock | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         allowed_payload_keys: Collection[str] = (),
         claim_window: int = 4,
@@ -149,13 +149,14 @@ class OutboxRepository:
         self.backoff = backoff if backoff is not None else Backoff()
         if not isinstance(self.backoff, Backoff):
             raise TypeError("backoff must be an outbox_lite.Backoff")
-        if not callable(clock):
-            raise TypeError("clock must be a callable returning an aware datetime")
-        self.clock = clock
-        self._now: Callable[[], dt.datetime] = _naive_utc_now
-        if clock is not _utc_now:  # checked now, and on every reading (the default is right)
-            self._now = lambda: _checks.instant("clock()", self.clock())
-            self._now()
+        self.clock: Clock
+        self._now: Callable[[], dt.datetime]  # naive UTC, as DATETIME(6) stores it
+        if clock is None:
+            self.clock = server = server_clock(self.database)
+            self._now = server.naive
+        else:  # checked now, and on every reading
+            self._now = _checks.clock(clock)
+            self.clock = clock
         self.max_payload_bytes = _checks.positive_int("max_payload_bytes", max_payload_bytes)
         if isinstance(allowed_payload_keys, str):
             raise TypeError("allowed_payload_keys must be a collection of key names")
@@ -270,8 +271,10 @@ class OutboxRepository:
             dedupe_key = _checks.name("dedupe_key", dedupe_key)
         body = encode_payload(payload, max_bytes=self.max_payload_bytes,
                               allowed_keys=self.allowed_payload_keys)
+        given_at = None if available_at is None else _checks.instant("available_at",
+                                                                      available_at)
         now = self._now()
-        available = now if available_at is None else _checks.instant("available_at", available_at)
+        available = now if given_at is None else given_at
         params = (event_type, aggregate_type, aggregate_id, dedupe_key, body, available, now, now)
         self._check_schema()
         _packet.check_insert(_packet.packet_limit(self.database), sql.INSERT, payload, body,
@@ -522,6 +525,25 @@ class OutboxRepository:
                                         (*chunk, locked_by, now)).fetchone()[0]
             renewed += changed
         return renewed
+
+    def held_by(self, locked_by: str,
+                event_ids: Iterable[int] | None = None) -> list[OutboxEvent]:
+        """The events ``locked_by`` holds now (``processing`` and claimed by it), in id
+        order; only those among ``event_ids`` when given. A consistent read that locks
+        nothing: after a COMMIT whose answer was lost, it tells a worker what it holds. A
+        held row whose payload cannot be read becomes its dead letter, as in
+        :meth:`claim_batch`, and is not returned."""
+        locked_by = _checks.name("locked_by", locked_by)
+        if event_ids is None:
+            rows = list(self._execute(sql.HELD_BY, (locked_by,)).fetchall())
+        else:
+            rows = [row for chunk in _chunks(_checks.event_ids(event_ids))
+                    for row in self._execute(_with_ids(sql.HELD_AMONG, chunk),
+                                             (locked_by, *chunk)).fetchall()]
+        now = self._now()
+        return self._events(rows, None, sql.FAILED_FOR_GOOD,
+                            lambda event_id, code, message: (
+                                code, message, now, event_id, locked_by))
 
     # -- recovery -----------------------------------------------------------------------
 

@@ -169,7 +169,7 @@ def test_a_lost_connection_is_a_clear_error_and_the_next_call_reconnects(db, rep
 
 def test_every_worker_connection_killed_at_once_loses_and_doubles_nothing(
         db, db_url, sink, fetch):
-    clock = SuiteClock()
+    clock = SuiteClock(db)
     repo = OutboxRepository(db, clock=clock)
     ids = seed(repo, 600)
     progress = []
@@ -231,7 +231,7 @@ def test_worker_processes_killed_while_holding_claims(db, db_url, sink, fetch):
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'processing'") == [
         {"n": 30}]
 
-    clock = SuiteClock()
+    clock = SuiteClock(db)
     clock.advance(dt.timedelta(seconds=301))  # past the lock timeout, without waiting
     survivors = OutboxRepository(db, clock=clock)
     results, errors = run_threads(

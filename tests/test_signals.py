@@ -249,3 +249,48 @@ def test_sigterm_interrupts_the_contention_suite_which_drops_its_database(db_url
     assert code == 128 + signal.SIGTERM, err
     assert "outbox-lite contention: interrupted by SIGTERM" in err and "Traceback" not in err
     assert not db_url.with_name(f"{db_url.name}_contention").exists()
+
+
+def test_a_second_sigint_on_a_busy_relay_exits_130_and_says_truly_what_it_left(
+        db, db_url, repo, fetch):
+    """Issue 21: SIGINT, then a second one 0.01-0.1 s later, on a relay busy with batches
+    of 1000: it stops at once (exit 130) and says how many claims it leaves held, which
+    is what the database says it holds; never "lost the database connection" (an interrupt
+    is not a lost connection) or claims "taken over". Ten times; the outbox is made pending
+    again between them."""
+    seed(repo, 5000)
+    rng = random.Random(21)
+    interrupted = 0
+    seen = []
+    for n in range(10):
+        fetch("UPDATE outbox_event SET status = 'pending', locked_by = NULL, locked_at = NULL,"
+              " attempt_count = 0")
+        worker = f"busy-{n}"
+        relay = _relay(db_url, "--publisher", "_relay_publishers:flaky", "--batch-size",
+                       "1000", "--worker-id", worker, "--progress-every", "60")
+        _started(relay)
+        time.sleep(rng.uniform(0.05, 0.3))
+        relay.send_signal(signal.SIGINT)
+        time.sleep(rng.uniform(0.01, 0.1))
+        if relay.poll() is None:
+            relay.send_signal(signal.SIGINT)
+        code, err = _ended(relay)
+        held = fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'processing'"
+                     " AND locked_by = %s", worker)[0]["n"]
+        seen.append((code, held))
+        for lie in ("lost the database connection", "taken over", "Traceback",
+                    "recording outcomes lost the connection"):
+            assert lie not in err, f"round {n}: {err}"
+        assert code in (0, 130), f"round {n}: {err}"
+        if code == 0:  # it had recorded its batch and stopped before the second SIGINT
+            assert held == 0, f"round {n}: {err}"
+            continue
+        assert "interrupted by SIGINT" in err, f"round {n}: {err}"
+        if "leaves" in err:
+            interrupted += 1
+            said = f"leaves {held} claim{'' if held == 1 else 's'} held, released after"
+            assert said in err, f"round {n}: the database says {held} held: {err}"
+        else:  # interrupted after the relay's loop ended (closing the publisher)
+            assert held == 0, f"round {n}: {err}"
+    print(f"\n(exit status, claims held) of the ten relays: {seen}")
+    assert interrupted >= 5, f"only {interrupted} of 10 relays were interrupted while busy"

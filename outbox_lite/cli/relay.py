@@ -129,12 +129,29 @@ def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
                       + (f"; woken through {relay.wake!r}" if relay.wake else "")
                       + (f"; metrics on {_metrics_url(server)}/metrics" if server else ""),
                       file=sys.stderr, flush=True)
-                relay.run(stop, until_empty=args.until_empty)
+                try:
+                    relay.run(stop, until_empty=args.until_empty)
+                except KeyboardInterrupt:  # stopped at once: say what is left behind
+                    _say_left(relay)
+                    raise
     finally:
         if server is not None:
             server.close()
         publisher.close()
     return EXIT_OK
+
+
+def _say_left(relay: Any) -> None:
+    """One line on the claims an interrupted relay leaves held, as the database counts
+    them (or that they could not be counted)."""
+    try:
+        held = relay.claims_held()
+    except Exception as exc:  # noqa: BLE001 - the interrupt's exit status still follows
+        said = f"its claims could not be counted ({type(exc).__name__})"
+    else:
+        said = f"leaves {held} claim{'' if held == 1 else 's'} held"
+    print(f"outbox-lite relay {relay.worker_id}: {said}, released after the lock timeout"
+          f" ({relay.lock_timeout:g} s)", file=sys.stderr, flush=True)
 
 
 def _relay_metrics(args: argparse.Namespace) -> Any:

@@ -15,6 +15,7 @@ import peewee as pw
 
 from .. import _sql as sql
 from .. import migrate as schema
+from .._clock import server_clock
 from .._db import DatabaseUrl, execute
 from .._server import LockCounters, peewee_query, server_of
 from ..backoff import Backoff
@@ -68,15 +69,18 @@ class Result:
 
 
 class SuiteClock:
-    """Real UTC time plus an offset the suite moves forward to expire claims."""
+    """The database server's time (the library's own clock, :mod:`outbox_lite._clock`) plus
+    an offset the suite moves forward to expire claims."""
 
-    def __init__(self) -> None:
+    def __init__(self, database: pw.Database) -> None:
+        self._server = server_clock(database)
         self._offset = dt.timedelta(0)
         self._lock = threading.Lock()
 
     def __call__(self) -> dt.datetime:
+        now = self._server()
         with self._lock:
-            return dt.datetime.now(dt.timezone.utc) + self._offset
+            return now + self._offset
 
     def advance(self, delta: dt.timedelta) -> None:
         with self._lock:
@@ -176,8 +180,8 @@ class ContentionSuite:
         self.force = force
         self.factory = repository_factory or self._default_factory
         self.progress = progress or (lambda message: None)
-        self.clock = SuiteClock()
         self.database: pw.MySQLDatabase = url.database()
+        self.clock = SuiteClock(self.database)
 
     @staticmethod
     def _default_factory(database: pw.Database, **options: Any) -> OutboxRepository:
