@@ -55,7 +55,7 @@ class Doorbell:
     """A flag that rings wake: :meth:`ring` from any thread, :meth:`wait` in the relay."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._rung = False
         self.rings = 0  # rings heard (for tests and figures)
 
