@@ -37,8 +37,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["Doorbell", "IdlePause", "WakeSource", "wake_source", "channel_of",
            "DEFAULT_WAKE_MAX_IDLE_PAUSE", "WAKE_RETRY"]
 
-#: The longest poll pause of a relay with a wake-up URL: one empty claim every 2 s (about
-#: 1.5 queries a second), and a lost wake-up or a retry's backoff costs at most that.
+#: The longest poll pause of a relay with a wake-up URL: one empty claim every 2 s (about one
+#: query a second, measured), and a lost wake-up or a retry's backoff costs at most that.
 DEFAULT_WAKE_MAX_IDLE_PAUSE = 2.0
 #: The first pause after a ring whose claim found nothing (its COMMIT may not have happened
 #: yet); it doubles on each empty claim after it.

@@ -374,22 +374,39 @@ def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, 
     db.execute_sql("TRUNCATE TABLE outbox_event")
     cap = 2.0 if wake != "none" else 0.05
     stop = threading.Event()
-    relay_thread = relay_process = None
-    if wake == "in-process":
-        from outbox_lite.publishers.bullmq import BullMQPublisher
+    relays: list[Any] = []
 
-        relay_db = proxy.url.database()
-        relay = Relay(OutboxRepository(relay_db), BullMQPublisher(redis_url, queue),
-                      max_idle_pause=cap, progress_every=0)
-        relay_thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
-        relay_thread.start()
-    else:
-        relay_process = subprocess.Popen(
-            [sys.executable, "-m", "outbox_lite.cli", "relay", "--database-url",
-             proxy.url.secret_text(), "--bullmq-url", redis_url, "--queue", queue,
-             *(["--wake-url", wake_url] if wake_url else [])],
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True)
+    def start_relay(database_url: Any) -> None:
+        """The relay: a thread of this process (in-process), else a process of its own."""
+        if wake == "in-process":
+            from outbox_lite.publishers.bullmq import BullMQPublisher
+
+            relay = Relay(OutboxRepository(database_url.database()),
+                          BullMQPublisher(redis_url, queue), max_idle_pause=cap,
+                          progress_every=0)
+            thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+            thread.start()
+            relays.append(thread)
+        else:
+            relays.append(subprocess.Popen(
+                [sys.executable, "-m", "outbox_lite.cli", "relay", "--database-url",
+                 database_url.secret_text(), "--bullmq-url", redis_url, "--queue", queue,
+                 *(["--wake-url", wake_url] if wake_url else [])],
+                env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, text=True))
+
+    def stop_relays() -> None:
+        stop.set()
+        for relay in relays:
+            if isinstance(relay, threading.Thread):
+                relay.join(30)
+            else:
+                relay.terminate()
+                relay.communicate(timeout=60)
+        relays.clear()
+        stop.clear()
+
+    start_relay(url)  # straight to the server: the proxy would add its own hop
     result: dict[str, Any] = {"wake": wake, "max_idle_pause": cap, "rates": []}
     try:
         time.sleep(2)  # let it start (imports, connections) before the clock matters
@@ -425,18 +442,16 @@ def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, 
                 "p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))],
                 "max_ms": delays[-1]})
             time.sleep(0.5)
-        # The idle cost: the relay alone on a drained outbox, its pause grown to the cap.
-        time.sleep(2 * cap + 1)
+        # The idle cost: a relay alone on the drained outbox, through the counting proxy,
+        # once its pause has grown to the cap.
+        stop_relays()
+        start_relay(proxy.url)
+        time.sleep(2 + 2 * cap + 1)
         before = proxy.count()
         time.sleep(idle_seconds)
         result["idle_queries_per_s"] = (proxy.count() - before) / idle_seconds
     finally:
-        stop.set()
-        if relay_thread is not None:
-            relay_thread.join(30)
-        if relay_process is not None:
-            relay_process.terminate()
-            relay_process.communicate(timeout=60)
+        stop_relays()
         delete_queue(client, queue)
         client.close()
         db.close()

@@ -122,6 +122,14 @@ def test_the_repository_rings_after_the_commit_and_not_on_a_rollback(db, repo):
         wake.stop_listening_locally(wake.database_key(db), bell)
 
 
+def test_a_bad_wake_url_is_one_line_of_the_relay_command_without_its_password(db_url):
+    relay = relay_process(db_url, "--publisher", "_wake_publishers:accept_all",
+                          "--wake-url", "http://user:s3cret@host/")
+    status, _, err = finish(relay, 60)
+    assert status != 0 and "wake must be a redis:// or nats:// URL" in err
+    assert "s3cret" not in err and "Traceback" not in err
+
+
 def test_a_bad_wake_is_refused_before_anything_and_keeps_its_password(db):
     for bad in ("http://user:s3cret@host/", "s3cret", "", 42):
         with pytest.raises(InvalidEventError) as error:
@@ -172,8 +180,10 @@ def test_a_relay_in_the_same_process_wakes_without_any_server(db_url, db, fetch)
 def test_a_relay_in_another_process_wakes_through_the_server(kind, db_url, db, fetch,
                                                              tmp_path):
     url = SOURCES[kind]
-    relay = relay_process(db_url, "--publisher", "_wake_publishers:accept_all",
-                          "--wake-url", url, "--max-idle-pause", str(LONG))
+    # Redis's URL as the flag, NATS's from $OUTBOX_WAKE_URL
+    flag, env = (["--wake-url", url], None) if kind == "redis" else ([], {"OUTBOX_WAKE_URL": url})
+    relay = relay_process(db_url, "--publisher", "_wake_publishers:accept_all", *flag,
+                          "--max-idle-pause", str(LONG), env=env)
     try:
         time.sleep(3)  # started, and its pause has grown to seconds: a poll would be late
         repo = OutboxRepository(db, wake=url)

@@ -76,7 +76,7 @@ def add_commands(commands: Any) -> None:
                    help="the longest wait between polls of an empty outbox, which bounds the "
                         "delay of an event after a quiet spell (with a wake-up: of one whose "
                         "wake-up was lost): a longer one costs the server fewer queries "
-                        "(default: 0.05, about 60 queries/s; with --wake-url 2, about 1.5)")
+                        "(default: 0.05, about 60 queries/s; with --wake-url 2, about 1)")
     p.add_argument("--progress-every", type=parse_seconds, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default: 5)")
     _add_metrics_flags(p)
