@@ -325,7 +325,10 @@ class _CountingProxy:
         while not self.port.value:
             time.sleep(0.01)
         import dataclasses
-        self.url = dataclasses.replace(url, host="127.0.0.1", port=self.port.value)
+        # In clear text, so the proxy can read the commands (MySQL's PyMySQL sessions
+        # otherwise switch to TLS when the server offers it).
+        self.url = dataclasses.replace(url, host="127.0.0.1", port=self.port.value,
+                                       options=(*url.options, ("ssl_disabled", True)))
 
     def count(self) -> int:
         return int(self.commands.value)
