@@ -352,7 +352,6 @@ class Relay:
             carried = None  # stopping at once: the claims held are left to expire
             raise
         finally:
-            stop_listening()
             try:
                 if carried is not None:
                     self._record(carried, None)
@@ -361,6 +360,7 @@ class Relay:
                     self.log_progress()
             finally:
                 self._running = False
+                stop_listening()
 
     @property
     def running(self) -> bool:

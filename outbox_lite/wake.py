@@ -52,20 +52,29 @@ _BACKOFF_FIRST, _BACKOFF_CAP = 0.1, 5.0
 # ---------------------------------------------------------------------------
 
 class Doorbell:
-    """A flag that rings wake: :meth:`ring` from any thread, :meth:`wait` in the relay."""
+    """A flag that rings wake: :meth:`ring` from any thread, :meth:`wait` in the relay.
+
+    A wait given the relay's ``stop`` Event waits on that Event's own condition, so setting
+    ``stop`` ends it at once, as ``stop.wait`` would; a ring notifies the same condition."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._rung = False
+        self._waiting_on: Any = None  # the condition a wait sleeps on now
         self.rings = 0  # rings heard (for tests and figures)
 
     def ring(self) -> None:
         """Set the flag and wake the waiter; never blocks for long, never raises."""
         with self._cond:
             self.rings += 1
-            if not self._rung:
-                self._rung = True
-                self._cond.notify_all()
+            if self._rung:
+                return
+            self._rung = True
+            self._cond.notify_all()
+            waiting_on = self._waiting_on
+        if waiting_on is not None:
+            with waiting_on:
+                waiting_on.notify_all()
 
     def take(self) -> bool:
         """Whether it rang since the last take (and clear the flag)."""
@@ -79,14 +88,28 @@ class Doorbell:
         ``stop`` is set. True when a ring ended the wait (the flag stays set for
         :meth:`take`)."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                if interruptible and self._rung:
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0 or (stop is not None and stop.is_set()):
-                    return False
-                self._cond.wait(min(left, _STOP_SLICE))
+        # Event's condition (CPython's, for 20 years); without it, slices of _STOP_SLICE.
+        cond = getattr(stop, "_cond", None) if stop is not None else None
+        if not isinstance(cond, threading.Condition):
+            cond, slice_ = self._cond, _STOP_SLICE
+        else:
+            slice_ = timeout
+        with cond:
+            if cond is not self._cond:
+                with self._cond:
+                    self._waiting_on = cond
+            try:
+                while True:
+                    if interruptible and self._rung:
+                        return True
+                    left = deadline - time.monotonic()
+                    if left <= 0 or (stop is not None and stop.is_set()):
+                        return False
+                    cond.wait(min(left, slice_))
+            finally:
+                if cond is not self._cond:
+                    with self._cond:
+                        self._waiting_on = None
 
 
 class IdlePause:

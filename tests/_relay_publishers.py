@@ -136,13 +136,13 @@ def _inside_stop_waits(action: Any) -> None:
         caller = frame.f_back
         if (event == "call" and frame.f_code is threading.Condition.wait.__code__
                 and caller is not None and (
-                    # the relay's idle wait: on its doorbell (outbox_lite.wake), which looks
-                    # at the stop Event between slices of its own Condition's wait
+                    # the relay's idle wait: on its doorbell (outbox_lite.wake), which
+                    # sleeps on the stop Event's own condition
                     caller.f_code is Doorbell.wait.__code__
                     or caller.f_code is threading.Event.wait.__code__
                     and caller.f_back is not None and caller.f_back.f_code.co_name == "run"
                     and caller.f_back.f_code.co_filename.endswith("relay.py"))):
-            assert caller.f_locals["self"]._cond._lock.locked()  # held by this thread
+            assert frame.f_locals["self"]._lock.locked()  # held by this thread
             if action() is False:
                 sys.settrace(None)
         return None
