@@ -17,8 +17,6 @@ What is *not* a difference, checked on MariaDB 10.11 and MySQL 9.7:
   aggregate's unpublished entries). A head test per event, as a dependent subquery, would be
   cheap on MariaDB only, which caches a subquery's result per outer value; the ordered claim
   reads one head per aggregate instead, the same SQL on both.
-* A duplicate ``dedupe_key`` is looked for with a plain read before the INSERT on both
-  (``_sql.DEDUPE_KEY_TAKEN`` says why MySQL needs it).
 * A missing privilege: both answer 1142 (``… command denied to user …``) for a table the user
   may not read, whether it exists or not, and 1044 for a database the user has no privilege
   on, whether it exists or not: only a user who may see it is told 1146 or 1049.

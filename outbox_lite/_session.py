@@ -41,6 +41,8 @@ class Session:
 
     autocommit: bool
     isolation: str
+    #: The server, as the connection's handshake named it (no statement asked).
+    server: Server
 
 
 _sessions: "weakref.WeakKeyDictionary[Any, Session]" = weakref.WeakKeyDictionary()
@@ -63,10 +65,11 @@ def _connection(database: pw.Database) -> Any:
 
 def _ask(database: pw.Database) -> tuple[Any, Session]:
     """Ask the server about the calling thread's connection: one round trip."""
-    variable = Server(str(_connection(database).server_version)).isolation_variable
+    server = Server(str(_connection(database).server_version))
     row = database.execute_sql(
-        f"SELECT @@SESSION.autocommit, @@SESSION.{variable}").fetchone()
-    session = Session(autocommit=bool(int(row[0])), isolation=level(str(row[1])))
+        f"SELECT @@SESSION.autocommit, @@SESSION.{server.isolation_variable}").fetchone()
+    session = Session(autocommit=bool(int(row[0])), isolation=level(str(row[1])),
+                      server=server)
     conn = database.connection()  # the one that answered (ReconnectMixin may replace one)
     with _lock:
         _sessions[conn] = session
@@ -118,7 +121,8 @@ def _warn(database: pw.Database) -> None:
 
 
 def claim_isolation(database: pw.Database) -> str:
-    """The isolation level of the caller's open transaction on ``database``: the level
+    """The isolation level of the caller's open transaction on ``database`` (for the claim
+    and for the write, :func:`transaction_isolation`): the level
     given to ``atomic(isolation_level=...)`` when there was one, else the session's. (A level
     set with a bare ``SET TRANSACTION`` statement is not visible to the server's
     variables, so not to this.)"""
@@ -139,3 +143,7 @@ def claim_transaction(database: pw.Database) -> Any:
     if session_of(database).isolation == SERIALIZABLE:
         return database.atomic(isolation_level=CLAIM_LEVEL)
     return database.atomic()
+
+
+#: The isolation level of the caller's open transaction (the write asks it too).
+transaction_isolation = claim_isolation

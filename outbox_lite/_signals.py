@@ -145,3 +145,18 @@ def _watching(react: Callable[[int, int], None], handlers: dict[int, _Handler],
     finally:
         stop_watching()
         os.close(read_end)
+
+
+def interruption(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt ``exc`` was raised while unwinding from, if any (a ROLLBACK on the
+    connection an interrupt broke raises InterfaceError and hides it): that error is the
+    interrupt's consequence, and the interrupt must stop at once, not pass for a lost
+    connection."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None

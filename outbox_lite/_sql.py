@@ -39,12 +39,43 @@ INSERT = (
     f" VALUES (%s, %s, %s, %s, %s, '{PENDING}', 0, %s, %s, %s)"
 )
 
-#: Whether a dedupe_key is taken, by a consistent read that locks nothing. Asked before the
-#: INSERT: on MySQL, under REPEATABLE READ, an INSERT refused by the unique key leaves a gap
-#: lock before the primary key's end (handed on from the row it undid) until the caller's
-#: transaction ends, and that holds up every other writer's INSERT of an event. (MariaDB
-#: does so only when the INSERT first waited for a transaction that then committed the key,
-#: a race no read can see coming.)
+#: How an event with a caller's ``dedupe_key`` is written: one statement where that keeps a
+#: refused duplicate from holding up other writers, else a lock-free read first. Measured on
+#: MariaDB 10.11 and MySQL 9.7 with a second writer waiting at most 1 s (1205) while the
+#: first's transaction stays open, keys k2 < k8 committed (and k5 for a duplicate):
+#:
+#: * plain INSERT, duplicate refused (1062): both servers keep a shared next-key lock on the
+#:   duplicate's entry in ``uq_outbox_event_dedupe_key`` (a key in (k2, k5) waits, k1 and k9
+#:   do not), at READ COMMITTED too; MySQL at REPEATABLE READ (and SERIALIZABLE) also keeps a
+#:   gap lock before the primary key's end, handed on from the row it undid, and every other
+#:   writer's INSERT waits (k1, k4 and k9 all 1205). A new key: no lock beyond its own row.
+#: * INSERT … SELECT … WHERE NOT EXISTS (:data:`INSERT_UNLESS_TAKEN`): at READ COMMITTED (and
+#:   READ UNCOMMITTED) the NOT EXISTS is a consistent read on both servers, so no lock at all,
+#:   duplicate or not: no writer waits. At REPEATABLE READ both servers read it with shared
+#:   next-key locks: a new key leaves gap locks on both sides of it (writers of keys beside it
+#:   wait, two such writers deadlock), so not there.
+#: * INSERT IGNORE and ON DUPLICATE KEY UPDATE id = id: the same locks as the plain INSERT's
+#:   refusal (ON DUPLICATE KEY UPDATE an exclusive one), so nothing gained; INSERT IGNORE also
+#:   turns other errors (a truncated value) into warnings. MariaDB's INSERT … RETURNING: the
+#:   plain INSERT's locks, and the id is the cursor's lastrowid already.
+#:
+#: So: READ COMMITTED or READ UNCOMMITTED, both servers: :data:`INSERT_UNLESS_TAKEN` (0 rows:
+#: a committed duplicate). REPEATABLE READ or SERIALIZABLE, both servers: :data:`DEDUPE_KEY_TAKEN`,
+#: then the INSERT (two round trips): every one-statement form leaves a lock that holds up
+#: some other writer there (MariaDB's refused INSERT the gap before the key, MySQL's every
+#: writer), and no writer waits on another's refused duplicate.
+INSERT_UNLESS_TAKEN = (
+    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
+    " status, attempt_count, available_at, created_at, updated_at)"
+    f" SELECT %s, %s, %s, %s, %s, '{PENDING}', 0, %s, %s, %s FROM DUAL WHERE NOT EXISTS"
+    " (SELECT 1 FROM outbox_event FORCE INDEX (uq_outbox_event_dedupe_key)"
+    " WHERE dedupe_key = %s)"
+)
+
+#: Whether a dedupe_key is taken, by a consistent read that locks nothing: asked before the
+#: INSERT at REPEATABLE READ and SERIALIZABLE (see above). It cannot see a key of a
+#: transaction that has not committed: that INSERT waits for it, and a refusal after the
+#: wait keeps the locks described above on both servers.
 DEDUPE_KEY_TAKEN = (
     "SELECT id FROM outbox_event FORCE INDEX (uq_outbox_event_dedupe_key) WHERE dedupe_key = %s")
 

@@ -39,6 +39,7 @@ from . import _sql as sql
 from ._clock import ServerClock
 from ._db import CONNECTION_ERRORS, _drop, execute, is_connection_error, reconnect
 from ._session import claim_transaction
+from ._signals import interruption
 from .errors import InvalidEventError, LockConflictError
 from .models import MAX_ERROR_CODE_LENGTH, OutboxEvent
 from .payload import redact
@@ -739,16 +740,10 @@ class Relay:
 
 
 def _reraise_interrupt(exc: BaseException) -> None:
-    """Raise the KeyboardInterrupt ``exc`` was raised while unwinding from, if any (a
-    ROLLBACK on the connection an interrupt broke raises InterfaceError and hides it): the
-    interrupt must stop the relay at once, not pass for a lost connection."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            raise cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
+    """Raise the KeyboardInterrupt ``exc`` was raised while unwinding from, if any."""
+    interrupt = interruption(exc)
+    if interrupt is not None:
+        raise interrupt
 
 
 def _seconds(name: str, value: float | None, default: float | None = None, *,

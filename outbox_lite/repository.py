@@ -50,6 +50,8 @@ Clock = Callable[[], dt.datetime]
 _CHUNK = 500  # ids per IN (…) list
 _AVAILABLE_AT = operator.itemgetter(COLUMNS.index("available_at"))
 _UTC = dt.timezone.utc
+#: Levels at which INSERT … WHERE NOT EXISTS reads without locking, on both servers.
+_ONE_STATEMENT_LEVELS = frozenset({"READ COMMITTED", "READ UNCOMMITTED"})
 
 
 @dataclass(frozen=True)
@@ -253,7 +255,13 @@ class OutboxRepository:
         ``max_allowed_packet`` would refuse too: the limit is read once per connection, see
         :mod:`outbox_lite._packet`), SchemaError at the first statement when the table is not
         as the migrations make it, and DuplicateEventError when
-        ``dedupe_key`` exists (the caller's transaction stays usable). Like Peewee's
+        ``dedupe_key`` exists (the caller's transaction stays usable, and a duplicate that
+        had committed holds up no other writer's event: see "How it locks" in the README).
+        On a connection the library has used before (and with the server's clock read in
+        the last 10 s, see :mod:`outbox_lite._clock`) it sends one statement (the INSERT),
+        with or without a ``dedupe_key``; the one exception is a ``dedupe_key`` on MySQL at
+        REPEATABLE READ or SERIALIZABLE, where a lock-free read of the key goes first,
+        because there a refused INSERT would hold up every writer. Like Peewee's
         ``Model.create``, the returned event holds ``payload`` as given; the row holds its
         JSON, which reads back as an equal value (a tuple as a list) on both servers: MariaDB
         keeps the text as written, MySQL keeps the value in text of its own (keys sorted, its
@@ -277,12 +285,15 @@ class OutboxRepository:
         available = now if given_at is None else given_at
         params = (event_type, aggregate_type, aggregate_id, dedupe_key, body, available, now, now)
         self._check_schema()
-        _packet.check_insert(_packet.packet_limit(self.database), sql.INSERT, payload, body,
+        statement, read_first = sql.INSERT, False
+        if given_key:
+            statement, params, read_first = self._dedupe_write(params)
+        _packet.check_insert(_packet.packet_limit(self.database), statement, payload, body,
                              params)
-        if given_key and self._execute(sql.DEDUPE_KEY_TAKEN, (dedupe_key,)).fetchone():
+        if read_first and self._execute(sql.DEDUPE_KEY_TAKEN, (dedupe_key,)).fetchone():
             raise DuplicateEventError(dedupe_key)  # committed before: found without a lock
         try:
-            cursor = self._execute(sql.INSERT, params)
+            cursor = self._execute(statement, params)
         except pw.IntegrityError as exc:
             if driver_errno(exc) == 1062 and "dedupe_key" in str(exc):
                 raise DuplicateEventError(dedupe_key) from exc
@@ -292,6 +303,8 @@ class OutboxRepository:
             if refused is not None:
                 raise refused from exc
             raise
+        if cursor.rowcount == 0:  # INSERT_UNLESS_TAKEN found the key committed
+            raise DuplicateEventError(dedupe_key)
         self._ring()
         created = now.replace(tzinfo=_UTC)
         return self._instance({
@@ -321,6 +334,19 @@ class OutboxRepository:
                 self.wake.signal()
         except Exception:  # noqa: BLE001 - the poll is the safety net
             logger.exception("waking the relays failed; they will poll")
+
+    def _dedupe_write(self, params: tuple[Any, ...]) -> tuple[str, tuple[Any, ...], bool]:
+        """How to write an event with the caller's ``dedupe_key`` (params[3]) so that a
+        refused duplicate holds up no other writer's event: (statement, its params, whether
+        the lock-free read :data:`~outbox_lite._sql.DEDUPE_KEY_TAKEN` goes first). One
+        statement at READ COMMITTED or READ UNCOMMITTED; the read, then the INSERT, at
+        REPEATABLE READ or SERIALIZABLE, where a refused INSERT would hold up other writers on
+        either server (the measurements are in :mod:`outbox_lite._sql`). Asks the server
+        nothing: the level is known per connection (:mod:`._session`)."""
+        level = _session.transaction_isolation(self.database)
+        if level in _ONE_STATEMENT_LEVELS:
+            return sql.INSERT_UNLESS_TAKEN, (*params, params[3]), False
+        return sql.INSERT, params, True
 
     # -- claiming -----------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ inbox's same note. A wait shows as 1205 after the probes' ``innodb_lock_wait_tim
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -20,51 +19,27 @@ import pytest
 
 from outbox_lite import LockConflictError, OutboxRepository
 
+from _sessions import ThreadSession
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-class Writer:
-    """One connection in a thread of its own, so a transaction can stay open on it while
-    other writers run; its waits end after ``wait`` s with 1205."""
+class Writer(ThreadSession):
+    """A thread session that writes events; its waits end after ``wait`` s with 1205."""
 
     def __init__(self, db_url: Any, wait: int = 1) -> None:
-        self.db = db_url.database()
+        super().__init__(db_url, wait)
         self.repo = OutboxRepository(self.db)
-        self._pool = concurrent.futures.ThreadPoolExecutor(1)
-        self._txn: Any = None
-        self.run(self.db.execute_sql, f"SET SESSION innodb_lock_wait_timeout = {wait}")
-        self.connection_id = self.run(
-            lambda: self.db.execute_sql("SELECT CONNECTION_ID()").fetchone()[0])
-
-    def start(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
-        return self._pool.submit(fn, *args)
-
-    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return self.start(fn, *args).result(timeout=30)
-
-    def begin(self, isolation: str) -> None:
-        def enter() -> None:
-            self._txn = self.db.atomic(isolation_level=isolation)
-            self._txn.__enter__()
-        self.run(enter)
 
     def create(self, key: str) -> int:
         return self.repo.create_in_transaction(event_type="e", aggregate_type="a",
                                                aggregate_id=key, payload={}, dedupe_key=key).id
 
     def end(self, commit: bool) -> None:
-        error = None if commit else RuntimeError("rollback")
-        self.run(self._txn.__exit__, type(error) if error else None, error, None)
-
-    def close(self) -> None:
-        def end() -> None:
-            if self.db.in_transaction():
-                self._txn.__exit__(RuntimeError, RuntimeError("test over"), None)
-            self.db.close()
-        try:
-            self.start(end).result(timeout=60)
-        finally:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        if commit:
+            self.commit()
+        else:
+            self.rollback()
 
 
 @pytest.fixture

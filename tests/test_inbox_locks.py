@@ -10,7 +10,6 @@ bound (committed records ``m2`` and ``m8`` around ``m5``) and past the last reco
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import time
 from typing import Any, Callable
@@ -19,57 +18,22 @@ import pytest
 
 from outbox_lite import Inbox, LockConflictError
 
+from _sessions import ThreadSession
 from conftest import run_threads
 
 ISOLATION_LEVELS = ["REPEATABLE READ", "READ COMMITTED", "SERIALIZABLE"]
 NEIGHBOURS = ["m4", "m6", "m3", "m7"]  # m5 contended; m2 and m8 committed around it
 
 
-class Session:
-    """One connection in a thread of its own, so a test can hold a transaction open on it
-    while other sessions run; waits end after 1 s with 1205."""
+class Session(ThreadSession):
+    """A thread session that accepts messages for ``consumer``."""
 
     def __init__(self, db_url: Any, consumer: str = "c") -> None:
-        self.db = db_url.database()
+        super().__init__(db_url)
         self.inbox = Inbox(self.db, consumer)
-        self._pool = concurrent.futures.ThreadPoolExecutor(1)
-        self._txn: Any = None
-        self.run(self.db.execute_sql, "SET SESSION innodb_lock_wait_timeout = 1")
-        self.connection_id = self.run(
-            lambda: self.db.execute_sql("SELECT CONNECTION_ID()").fetchone()[0])
-
-    def start(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
-        return self._pool.submit(fn, *args)
-
-    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return self.start(fn, *args).result(timeout=30)
-
-    def begin(self, isolation: str | None = None) -> None:
-        def enter() -> None:
-            self._txn = self.db.atomic(isolation_level=isolation) if isolation else (
-                self.db.atomic())
-            self._txn.__enter__()
-        self.run(enter)
 
     def accept(self, message_id: str) -> bool:
         return self.run(self.inbox.accept, message_id)
-
-    def commit(self) -> None:
-        self.run(self._txn.__exit__, None, None, None)
-
-    def rollback(self) -> None:
-        self.run(self._txn.__exit__, RuntimeError, RuntimeError("rollback"), None)
-
-    def close(self) -> None:
-        """End what the test left open (rolled back) and the connection, then the thread."""
-        def end() -> None:
-            if self.db.in_transaction():
-                self._txn.__exit__(RuntimeError, RuntimeError("test over"), None)
-            self.db.close()
-        try:
-            self.start(end).result(timeout=60)
-        finally:
-            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 @pytest.fixture

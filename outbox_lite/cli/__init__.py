@@ -271,32 +271,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         _quiet_stdout()
         return EXIT_BROKEN_PIPE
     except (DatabaseUrlError, ValueError) as exc:
-        if (interrupt := _interruption(exc)) is not None:
+        if (interrupt := _signals.interruption(exc)) is not None:
             return _interrupted(args.command, interrupt)
         print(f"outbox-lite {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (CommandError, OutboxError, pw.PeeweeException, pymysql.MySQLError, OSError,
             RuntimeError) as exc:
-        if (interrupt := _interruption(exc)) is not None:
+        if (interrupt := _signals.interruption(exc)) is not None:
             return _interrupted(args.command, interrupt)
         print(f"outbox-lite {args.command}: error: {_describe(exc, url, args.command)}",
               file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:  # Ctrl-C, or a signal that stops at once (_signals)
         return _interrupted(args.command, exc)
-
-
-def _interruption(exc: BaseException) -> KeyboardInterrupt | None:
-    """The interrupt an error was raised while unwinding from (a rollback on the connection
-    the interrupt broke, say), if any: that error is the interrupt's consequence."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return None
 
 
 def _interrupted(command: str, exc: KeyboardInterrupt) -> int:

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""The write, with a dedupe_key: a business INSERT plus create_in_transaction in one
+transaction, against raw PyMySQL doing the same two INSERTs, on each server, directly and
+through a link with 1 ms of delay each way, printed side by side in one run.
+
+Each configuration (server x link x isolation level) runs three clients, one connection
+each, taking turns in blocks of --block transactions (A B C, then C B A, …) so the server's
+background work weighs on all alike:
+
+* library: ``INSERT INTO job`` + ``create_in_transaction(..., dedupe_key=...)`` in
+  ``database.atomic()``;
+* raw: PyMySQL ``BEGIN``, the same ``INSERT INTO job``, the event INSERT with the same
+  columns and a dedupe_key, ``COMMIT``: no duplicate check at all (what the library must come
+  close to);
+* peewee: the raw statements through Peewee's ``atomic()`` and ``execute_sql``, no
+  outbox_lite (reference: what of the gap is Peewee's).
+
+The ratio is the median over blocks of library/raw throughput. Every client's connection is
+warm before timing (the library asks the server about the session, ``max_allowed_packet`` and
+the table once per connection; that is not the common case, so it is left out). The isolation
+level is set per session (``init_command``), for every client alike, so no client pays a
+``SET TRANSACTION`` the others do not.
+
+The delayed link: this machine's kernel has no ``sch_netem`` (``tc qdisc … netem`` answers
+"unknown qdisc"), and delaying the loopback would slow every other user of the shared
+servers. So the script runs its own userspace TCP proxy (asyncio, in a thread): every chunk
+read from one side is written to the other 1 ms after it arrived (``--delay-ms``), in order,
+each way: a round trip costs 2 ms more, as between a service and a server 1 ms apart. The
+proxy's own CPU is paid by all three clients alike. The load average is printed with the
+figures: the machine is shared.
+
+Usage: python scripts/bench_write.py [--database-url URL ...] [--writes 600]
+       [--delayed-writes 150] [--delay-ms 1] [--levels "REPEATABLE READ" "READ COMMITTED"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
+
+import pymysql  # noqa: E402
+
+from outbox_lite import OutboxRepository  # noqa: E402
+from outbox_lite import migrate as schema  # noqa: E402
+from outbox_lite._db import DatabaseUrl  # noqa: E402
+from outbox_lite._server import server_of  # noqa: E402
+
+PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512",
+           "priority": 3, "tags": ["image", "resize"]}
+EVENT_INSERT = (
+    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
+    " status, attempt_count, available_at, created_at, updated_at)"
+    " VALUES (%s, %s, %s, %s, %s, 'pending', 0, %s, %s, %s)"
+)
+JOB_INSERT = "INSERT INTO job (name) VALUES (%s)"
+DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite", "mysql://root@127.0.0.1:3308/outbox_lite"]
+
+
+# ---------------------------------------------------------------------------
+# A userspace delay link
+# ---------------------------------------------------------------------------
+
+class DelayProxy:
+    """A TCP proxy on 127.0.0.1 that forwards every chunk ``delay`` seconds after it arrived,
+    each way, keeping order (a timer per chunk on one event loop; ``call_at`` runs timers of
+    equal or later deadlines in order)."""
+
+    def __init__(self, upstream: tuple[str, int], delay: float) -> None:
+        self.upstream, self.delay = upstream, delay
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self.port = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(
+            asyncio.start_server(self._client, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while data := await reader.read(65536):
+                loop.call_at(loop.time() + self.delay, writer.write, data)
+                if writer.transport.get_write_buffer_size() > 1 << 20:
+                    await writer.drain()
+        finally:
+            writer.close()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
+                             return_exceptions=True)
+
+    async def _shutdown(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+# ---------------------------------------------------------------------------
+# The three clients
+# ---------------------------------------------------------------------------
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def _row(job_id: int, n: int) -> tuple[Any, ...]:
+    now = _utcnow()
+    return ("job.created", "ai_job", str(job_id), f"job-{job_id}-created",
+            json.dumps({**PAYLOAD, "job_id": n}, separators=(",", ":")), now, now, now)
+
+
+class Raw:
+    name = "raw"
+
+    def __init__(self, url: DatabaseUrl, init: str) -> None:
+        self.conn = pymysql.connect(host=url.host, port=url.port, user=url.user,
+                                    password=url.password, database=url.name,
+                                    charset="utf8mb4", autocommit=True, init_command=init)
+
+    def write(self, n: int) -> None:
+        with self.conn.cursor() as cur:
+            self.conn.begin()
+            cur.execute(JOB_INSERT, (f"raw-{n}",))
+            cur.execute(EVENT_INSERT, _row(cur.lastrowid, n))
+            self.conn.commit()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class Library:
+    name = "library"
+
+    def __init__(self, url: DatabaseUrl, init: str) -> None:
+        self.db = url.database(init_command=init)
+        self.db.connect()
+        self.repo = OutboxRepository(self.db)
+
+    def write(self, n: int) -> None:
+        with self.db.atomic():
+            job_id = self.db.execute_sql(JOB_INSERT, (f"library-{n}",)).lastrowid
+            self.repo.create_in_transaction(
+                event_type="job.created", aggregate_type="ai_job", aggregate_id=str(job_id),
+                payload={**PAYLOAD, "job_id": n}, dedupe_key=f"job-{job_id}-created")
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class PeeweeOnly(Library):
+    name = "peewee"
+
+    def write(self, n: int) -> None:
+        with self.db.atomic():
+            job_id = self.db.execute_sql(JOB_INSERT, (f"peewee-{n}",)).lastrowid
+            self.db.execute_sql(EVENT_INSERT, _row(job_id, n))
+
+
+def measure(url: DatabaseUrl, level: str, writes: int, block: int) -> dict[str, Any]:
+    """Transactions per second of each client and the median of the blocks' library/raw
+    ratios, ``writes`` transactions each."""
+    init = f"SET SESSION TRANSACTION ISOLATION LEVEL {level}"
+    clients = [Library(url, init), Raw(url, init), PeeweeOnly(url, init)]
+    n = 0
+    for client in clients:  # warm: connection, session question, packet limit, schema
+        for _ in range(3):
+            client.write(n)
+            n += 1
+    spent = {c.name: 0.0 for c in clients}
+    per_block: dict[str, list[float]] = {c.name: [] for c in clients}
+    for turn in range(0, writes, block):
+        size = min(block, writes - turn)
+        for client in clients if turn // block % 2 == 0 else clients[::-1]:
+            started = time.perf_counter()
+            for _ in range(size):
+                client.write(n)
+                n += 1
+            elapsed = time.perf_counter() - started
+            spent[client.name] += elapsed
+            per_block[client.name].append(size / elapsed)
+    for client in clients:
+        client.close()
+    rates = {name: writes / seconds for name, seconds in spent.items()}
+    ratio = statistics.median(a / b for a, b in zip(per_block["library"], per_block["raw"]))
+    peewee = statistics.median(a / b for a, b in zip(per_block["peewee"], per_block["raw"]))
+    return {**rates, "ratio": ratio, "peewee_ratio": peewee}
+
+
+def _prepare(url: DatabaseUrl) -> None:
+    url.drop_database()
+    url.create_database()
+    database = url.database()
+    schema.migrate(database)
+    database.execute_sql("CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+                         " name VARCHAR(64) NOT NULL)")
+    database.close()
+
+
+def _server_name(url: DatabaseUrl) -> str:
+    conn = url.server_connection()
+    try:
+        with conn.cursor() as cur:
+            return str(server_of(lambda sql: (cur.execute(sql), cur.fetchall())[1]))
+    finally:
+        conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", metavar="URL", action="append",
+                        help="server (repeatable); the bench runs in <database>_bench_write_<pid>,"
+                             " created and dropped (default: MariaDB :3306 and MySQL :3308)")
+    parser.add_argument("--writes", type=int, default=600,
+                        help="transactions per client, direct link (default 600)")
+    parser.add_argument("--delayed-writes", type=int, default=150,
+                        help="transactions per client, delayed link (default 150)")
+    parser.add_argument("--block", type=int, default=25, help="turn size (default 25)")
+    parser.add_argument("--delay-ms", type=float, default=1.0,
+                        help="delay each way on the delayed link (default 1 ms)")
+    parser.add_argument("--levels", nargs="+", default=["REPEATABLE READ", "READ COMMITTED"],
+                        help="session isolation levels (default both)")
+    args = parser.parse_args(argv)
+
+    load_before = os.getloadavg()
+    rows = []
+    for text in args.database_url or DEFAULT_URLS:
+        base = DatabaseUrl.parse(text)
+        url = base.with_name(f"{base.name}_bench_write_{os.getpid()}")
+        name = _server_name(base)
+        _prepare(url)
+        proxy = DelayProxy((url.host, url.port), args.delay_ms / 1000)
+        delayed = DatabaseUrl("127.0.0.1", proxy.port, url.user, url.password, url.name,
+                              url.options)
+        try:
+            for level in args.levels:
+                for link, target, writes in (("direct", url, args.writes),
+                                             (f"+{args.delay_ms:g} ms each way", delayed,
+                                              args.delayed_writes)):
+                    rows.append((name, level, link, measure(target, level, writes,
+                                                             args.block)))
+        finally:
+            proxy.close()
+            url.drop_database()
+    load_after = os.getloadavg()
+
+    print("write with a dedupe_key: business INSERT + event, one transaction; txn/s per"
+          " client, library/raw = median of the blocks' ratios")
+    print(f"{'server':<14} {'level':<16} {'link':<18} {'library':>8} {'raw':>8} {'peewee':>8}"
+          f" {'lib/raw':>8} {'peewee/raw':>10}  target 0.90")
+    for name, level, link, r in rows:
+        verdict = "met" if r["ratio"] >= 0.90 else "MISSED"
+        print(f"{name:<14} {level:<16} {link:<18} {r['library']:>8.0f} {r['raw']:>8.0f}"
+              f" {r['peewee']:>8.0f} {r['ratio']:>8.3f} {r['peewee_ratio']:>10.3f}  {verdict}")
+    print(f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, after"
+          f" {' '.join(f'{x:.2f}' for x in load_after)} ({os.cpu_count()} cores, shared)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""The write in one round trip (issue 23): what create_in_transaction sends, and that a refused
+duplicate still holds up no other writer.
+
+The common case is a warm connection: the first statement the library runs on a connection
+also asks the server about the session (``_session``), reads ``max_allowed_packet``
+(``_packet``), reads the server's clock (``_clock``: again every 10 s; the ``repo`` fixture's
+clock is injected) and, once per repository, checks the table (``_schema``); after that, each
+``create_in_transaction`` sends what is counted here. What each statement locks, measured on
+both servers, is in ``outbox_lite/_sql.py`` (``INSERT_UNLESS_TAKEN``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from conftest import capture_sql
+from outbox_lite import DuplicateEventError, LockConflictError, OutboxRepository
+
+EVENT = dict(event_type="job.created", aggregate_type="ai_job", aggregate_id="42",
+             payload={"job_id": 42})
+LEVELS = ["REPEATABLE READ", "READ COMMITTED"]
+
+
+def _library_statements(statements: list[tuple[str, Any]]) -> list[str]:
+    """The first word of each statement the library sent: the transaction's own BEGIN,
+    COMMIT and SET TRANSACTION and the test's business INSERT into job left out."""
+    return [sql.split()[0] for sql, _ in statements
+            if sql.split()[0] not in ("BEGIN", "COMMIT", "SET") and "INTO job" not in sql]
+
+
+def _expected_write(server, level: str, keyed: bool) -> list[str]:
+    """What the server needs for one event, the same on both servers: one INSERT, except with
+    a dedupe_key at REPEATABLE READ, where a refused INSERT would hold up other writers
+    (MariaDB's the gap before the key, MySQL's every one): a lock-free read first."""
+    if keyed and level == "REPEATABLE READ":
+        return ["SELECT", "INSERT"]
+    return ["INSERT"]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "dedupe-key"])
+def test_what_a_write_on_a_warm_connection_sends(db, repo, fetch, server, level,
+                                                          keyed):
+    with db.atomic(isolation_level=level):  # warms the connection: session, packet, schema
+        repo.create_in_transaction(**EVENT, dedupe_key="warm" if keyed else None)
+    with capture_sql(db) as statements, db.atomic(isolation_level=level):
+        db.execute_sql("INSERT INTO job (name) VALUES (%s)", ("job-42",))
+        event = repo.create_in_transaction(**EVENT, dedupe_key="job-42" if keyed else None)
+    assert _library_statements(statements) == _expected_write(server, level, keyed), statements
+    rows = fetch("SELECT id, dedupe_key FROM outbox_event ORDER BY id")
+    assert len(rows) == 2 and rows[1]["id"] == event.id
+    assert rows[1]["dedupe_key"] == ("job-42" if keyed else event.dedupe_key)
+    assert fetch("SELECT name FROM job") == [{"name": "job-42"}]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_duplicate_raises_and_the_transaction_goes_on_at_each_level(db, repo, fetch,
+                                                                      server, level):
+    with db.atomic(isolation_level=level):
+        repo.create_in_transaction(**EVENT, dedupe_key="committed")
+    with capture_sql(db) as statements, db.atomic(isolation_level=level):
+        db.execute_sql("INSERT INTO job (name) VALUES (%s)", ("before",))
+        with pytest.raises(DuplicateEventError) as committed:
+            repo.create_in_transaction(**EVENT, dedupe_key="committed")
+        repo.create_in_transaction(**EVENT, dedupe_key="mine")
+        with pytest.raises(DuplicateEventError) as own:  # this transaction's own key
+            repo.create_in_transaction(**EVENT, dedupe_key="mine")
+        db.execute_sql("INSERT INTO job (name) VALUES (%s)", ("after",))
+    assert (committed.value.dedupe_key, own.value.dedupe_key) == ("committed", "mine")
+    # One round trip per refusal too. At REPEATABLE READ: the read finds both keys (a
+    # consistent read sees the transaction's own rows) and no refused INSERT is sent.
+    reads_first = level == "REPEATABLE READ"
+    assert _library_statements(statements) == (
+        ["SELECT", "SELECT", "INSERT", "SELECT"] if reads_first else ["INSERT"] * 3), statements
+    assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
+        "committed", "mine"]
+    assert [r["name"] for r in fetch("SELECT name FROM job ORDER BY id")] == ["before", "after"]
+
+
+def _race_refused_duplicate(db_url, level: str, keys: list[str]) -> dict[str, Any]:
+    """One transaction is refused a committed duplicate (k5, between k2 and k8) and stays
+    open; meanwhile, released together by a Barrier, one writer per key in ``keys`` writes an
+    event (and a job row) in a transaction of its own on its own connection, waiting at most
+    1 s for a lock (innodb_lock_wait_timeout, session level). Returns each key's outcome:
+    True when written, else the errno of the LockConflictError."""
+    setup = db_url.database()
+    setup_repo = OutboxRepository(setup)
+    with setup.atomic():
+        for key in ("k2", "k5", "k8"):
+            setup_repo.create_in_transaction(**EVENT, dedupe_key=key)
+    setup.close()
+    barrier = threading.Barrier(len(keys) + 1)
+    done = threading.Barrier(len(keys) + 1)
+    outcomes: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def refuser() -> None:
+        database = db_url.database()
+        try:
+            repo = OutboxRepository(database)
+            with database.atomic(isolation_level=level):
+                try:
+                    repo.create_in_transaction(**EVENT, dedupe_key="k5")
+                except DuplicateEventError:
+                    outcomes["k5"] = "refused"
+                barrier.wait(timeout=30)  # the refused transaction is open: writers go
+                done.wait(timeout=60)  # and it stays open until every writer is done
+                database.execute_sql("INSERT INTO job (name) VALUES (%s)", ("refuser",))
+        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
+            errors.append(exc)
+            barrier.abort()
+            done.abort()
+        finally:
+            database.close()
+
+    def writer(key: str) -> None:
+        database = db_url.database()
+        try:
+            database.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+            repo = OutboxRepository(database)
+            with database.atomic(isolation_level=level):  # warm: session, packet, schema
+                repo.create_in_transaction(**EVENT, dedupe_key=f"warm-{key}")
+            barrier.wait(timeout=30)
+            try:
+                with database.atomic(isolation_level=level):
+                    database.execute_sql("INSERT INTO job (name) VALUES (%s)", (key,))
+                    repo.create_in_transaction(**EVENT, dedupe_key=key)
+                outcomes[key] = True
+            except LockConflictError as exc:
+                outcomes[key] = exc.errno
+            done.wait(timeout=60)
+        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
+            errors.append(exc)
+            barrier.abort()
+            done.abort()
+        finally:
+            database.close()
+
+    threads = [threading.Thread(target=refuser)] + [
+        threading.Thread(target=writer, args=(key,)) for key in keys]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    return outcomes
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_writers_do_not_wait_on_a_refused_duplicate(db, db_url, fetch, server, level):
+    """Keys before, after and far from the duplicate: no writer waits, on both servers, at
+    both levels. (On main, MySQL at REPEATABLE READ needed the read for this: a refused
+    INSERT there made all of them wait, 1205.)"""
+    keys = ["k1", "k9", "zz-last", "0123abcd"]
+    outcomes = _race_refused_duplicate(db_url, level, keys)
+    assert outcomes == {"k5": "refused", **dict.fromkeys(keys, True)}
+    rows = fetch("SELECT dedupe_key FROM outbox_event WHERE dedupe_key NOT LIKE 'warm-%%'")
+    assert sorted(r["dedupe_key"] for r in rows) == sorted(["k2", "k5", "k8", *keys])
+    assert sorted(r["name"] for r in fetch("SELECT name FROM job")) == sorted(
+        [*keys, "refuser"])
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_key_in_the_gap_just_before_a_refused_duplicate(db, db_url, fetch, server,
+                                                          level):
+    """The one key range a refused duplicate can hold up: keys sorting between the duplicate
+    and the key before it (k4, between k2 and k5). At READ COMMITTED the write is an INSERT …
+    WHERE NOT EXISTS that locks nothing. At REPEATABLE READ both servers read first and send
+    no INSERT for a committed key: nothing locked. (A plain INSERT's refusal there would keep
+    a shared next-key lock on k5's entry on MariaDB, and k4 would wait: 1205 after 1 s,
+    measured; on MySQL every key would.) No wait on either server at either level."""
+    outcomes = _race_refused_duplicate(db_url, level, ["k4", "k3-x"])
+    assert outcomes == {"k5": "refused", "k4": True, "k3-x": True}
+    written = {r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")}
+    assert {"k4", "k3-x"} <= written
+
+
+def test_a_session_level_of_read_committed_is_one_statement_on_both_servers(db, db_url,
+                                                                             fetch):
+    """The level may come from the session (here ``init_command``; a server default or the
+    driver's options alike), read with the session question once per connection: plain
+    ``atomic()`` at READ COMMITTED sends one INSERT … WHERE NOT EXISTS, MySQL included, and a
+    duplicate is refused by it (0 rows) with the transaction going on."""
+    database = db_url.database(init_command="SET SESSION TRANSACTION ISOLATION LEVEL"
+                                            " READ COMMITTED")
+    repo = OutboxRepository(database)
+    try:
+        with database.atomic():
+            repo.create_in_transaction(**EVENT, dedupe_key="warm")
+        with capture_sql(database) as statements, database.atomic():
+            repo.create_in_transaction(**EVENT, dedupe_key="job-42")
+            with pytest.raises(DuplicateEventError):
+                repo.create_in_transaction(**EVENT, dedupe_key="warm")
+            database.execute_sql("INSERT INTO job (name) VALUES (%s)", ("after",))
+    finally:
+        database.close()
+    sent = _library_statements(statements)
+    assert sent == ["INSERT", "INSERT"], statements
+    assert all("NOT EXISTS" in sql for sql, _ in statements if sql.startswith("INSERT INTO out"))
+    assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
+        "job-42", "warm"]
+    assert fetch("SELECT name FROM job") == [{"name": "after"}]
