@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Protocol, Sequence
 
-from . import _checks
+from . import _checks, wake as _wake
 from . import _sql as sql
 from ._clock import ServerClock
 from ._db import CONNECTION_ERRORS, _drop, execute, is_connection_error, reconnect
@@ -204,7 +204,10 @@ class Relay:
       ``lock_timeout``, at most 30);
     * ``idle_pause``, ``max_idle_pause``: the first and the longest wait when nothing was
       claimed (the defaults, 10 ms to 50 ms, keep an idle relay's delay under 100 ms for about
-      60 cheap queries a second);
+      60 cheap queries a second; with ``wake``, the longest is 2 s by default);
+    * ``wake``: a wake-up URL (``redis://…`` or ``nats://…``, or None): the relay claims as
+      soon as a repository of its database rings through it (:mod:`outbox_lite.wake`), and
+      polls as the safety net; rings from this process's repositories wake it in any case;
     * ``reconnect_pause``, ``max_reconnect_pause``: the same after a lost database connection
       or a publish that raised (the publisher's ``ping()``, if it has one, is tried before the
       relay claims again);
@@ -234,12 +237,13 @@ class Relay:
         heartbeat: float | None = None,
         release_every: float | None = None,
         idle_pause: float = 0.01,
-        max_idle_pause: float = 0.05,
+        max_idle_pause: float | None = None,
         reconnect_pause: float = 0.1,
         max_reconnect_pause: float = 5.0,
         progress_every: float = 10.0,
         metrics: RelayObserver | None = None,
         stuck_after: float | None = None,
+        wake: str | None = None,
     ) -> None:
         if not isinstance(repository, OutboxRepository):
             raise TypeError("repository must be an OutboxRepository")
@@ -259,7 +263,11 @@ class Relay:
         self.release_every = _seconds("release_every", release_every,
                                       min(30.0, self.lock_timeout / 4))
         self.idle_pause = _seconds("idle_pause", idle_pause)
-        self.max_idle_pause = max(self.idle_pause, _seconds("max_idle_pause", max_idle_pause))
+        self.wake = _wake.wake_source(wake, repository.database)
+        self.max_idle_pause = max(self.idle_pause, _seconds(
+            "max_idle_pause", max_idle_pause,
+            0.05 if self.wake is None else _wake.DEFAULT_WAKE_MAX_IDLE_PAUSE))
+        self._bell = _wake.Doorbell()
         self.reconnect_pause = _seconds("reconnect_pause", reconnect_pause)
         self.max_reconnect_pause = max(self.reconnect_pause,
                                        _seconds("max_reconnect_pause", max_reconnect_pause))
@@ -295,15 +303,17 @@ class Relay:
         A batch's outcomes are recorded in the same short transaction as the next claim, so
         each round costs one commit; the outcomes of the last batch are recorded alone."""
         stop = stop or threading.Event()
-        pause = 0.0
         reconnect_pause = self.reconnect_pause
         next_progress = time.monotonic() + self.progress_every
         carried: _Outcomes | None = None
         self._running = True
         self._progress()
+        idle = _wake.IdlePause(self.idle_pause, self.max_idle_pause, self._bell)
+        stop_listening = _wake.listen(self._bell, self._database, self.wake)
         try:
             while not stop.is_set():
                 try:
+                    idle.before_claim()
                     result, carried = self._round(carried)
                     if result.publish_errors:
                         self._record(carried, result)  # before a possibly long wait
@@ -312,14 +322,13 @@ class Relay:
                     if self.metrics is not None and time.monotonic() >= self._next_stats:
                         self._read_stats()
                     if result.claimed:
-                        pause = 0.0
+                        idle.found_work()
                     elif until_empty and self._empty():
                         return
                     else:
-                        pause = min(self.max_idle_pause, pause * 2 or self.idle_pause)
                         started = time.monotonic()
-                        self._progress(waiting=pause)
-                        stop.wait(pause)
+                        self._progress(waiting=idle.next_pause())
+                        idle.wait(stop)
                         self.stats.idle_seconds += time.monotonic() - started
                     reconnect_pause = self.reconnect_pause
                 except LockConflictError as exc:
@@ -352,6 +361,7 @@ class Relay:
                     self.log_progress()
             finally:
                 self._running = False
+                stop_listening()
 
     @property
     def running(self) -> bool:

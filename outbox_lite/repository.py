@@ -19,7 +19,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import peewee as pw
 
-from . import _checks, _packet, _schema, _session
+from . import _checks, _packet, _schema, _session, wake as _wake
 from . import _sql as sql
 from ._clock import server_clock
 from ._db import execute
@@ -124,7 +124,11 @@ class OutboxRepository:
     a host's own clock there gives up that agreement). ``repository.clock()`` reads the
     clock in use. ``max_payload_bytes`` the JSON size limit;
     ``allowed_payload_keys`` key names the credential guard must let through;
-    ``claim_window`` how many candidates per wanted event ``claim_batch`` reads at a time.
+    ``claim_window`` how many candidates per wanted event ``claim_batch`` reads at a time;
+    ``wake`` a wake-up URL (``redis://…`` or ``nats://…``, or None): each event created rings
+    the relays of this database through it (:mod:`outbox_lite.wake`), and always those in
+    this process. A ring goes after the caller's COMMIT on Peewee 4 (none on a rollback), at
+    ``create_in_transaction`` on Peewee 3 and in ``manual_commit()``; it never fails a write.
     """
 
     def __init__(
@@ -137,8 +141,12 @@ class OutboxRepository:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         allowed_payload_keys: Collection[str] = (),
         claim_window: int = 4,
+        wake: str | None = None,
     ) -> None:
         self.database = _checks.database(database)
+        #: The wake-up server's source (None: in-process wake-ups only).
+        self.wake = _wake.wake_source(wake, self.database)
+        self._wake_key = _wake.database_key(self.database)
         self.max_attempts = _checks.positive_int("max_attempts", max_attempts, 1_000)
         self.backoff = backoff if backoff is not None else Backoff()
         if not isinstance(self.backoff, Backoff):
@@ -297,6 +305,7 @@ class OutboxRepository:
             raise
         if cursor.rowcount == 0:  # INSERT_UNLESS_TAKEN found the key committed
             raise DuplicateEventError(dedupe_key)
+        self._ring()
         created = now.replace(tzinfo=_UTC)
         return self._instance({
             "id": cursor.lastrowid, "event_type": event_type, "aggregate_type": aggregate_type,
@@ -307,6 +316,24 @@ class OutboxRepository:
             "locked_at": None, "locked_by": None, "published_at": None,
             "last_error_code": None, "last_error_message": None, "created_at": created,
             "updated_at": created})
+
+    def _ring(self) -> None:
+        """Wake the relays once the event commits (Peewee 4's ``after_commit``; dropped on a
+        rollback), or now where that hook is missing (Peewee 3) or refused
+        (``manual_commit()``)."""
+        try:
+            self.database.after_commit(self._rang)
+        except (AttributeError, ValueError):
+            self._rang()
+
+    def _rang(self) -> None:
+        # Runs inside Peewee's commit: it must never raise (that would fail a committed write).
+        try:
+            _wake.ring_locally(self._wake_key)
+            if self.wake is not None:
+                self.wake.signal()
+        except Exception:  # noqa: BLE001 - the poll is the safety net
+            logger.exception("waking the relays failed; they will poll")
 
     def _dedupe_write(self, params: tuple[Any, ...]) -> tuple[str, tuple[Any, ...], bool]:
         """How to write an event with the caller's ``dedupe_key`` (params[3]) so that a

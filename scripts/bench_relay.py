@@ -16,13 +16,16 @@ Each side is checked: one waiting job per event, every event published. The rela
 split (claim, publish, record, idle) comes from their last progress line.
 
 Latency (``--only latency``): one relay at the default settings while a writer commits
-``--rate`` business transactions a second, each with one event; the time from each COMMIT to
-its job's ``added`` entry in the queue's event stream (whose id is the Redis server's clock),
-p50 and p99. Then the relay alone on an empty outbox: the queries a second its idle pause
-costs (the server's ``Questions`` counter).
+``--rate`` business transactions a second (each given rate in turn), each with one event,
+through the repository; the time from each COMMIT to its job's ``added`` entry in the queue's
+event stream (whose id is the Redis server's clock), p50 and p99. Then the relay alone on an
+empty outbox: the queries a second it sends (counted by a proxy in front of the server, so
+other clients of a shared server do not count). Each ``--wake`` (none, in-process, redis,
+nats, or all) is measured in turn and printed side by side.
 
 Usage: python scripts/bench_relay.py [--database-url URL] [--redis-url URL] [--rounds 3]
-       [--events 20000] [--batch 100] [--workers 4] [--rate 200] [--seconds 20] [--json]
+       [--events 20000] [--batch 100] [--workers 4] [--rate 200 ...] [--seconds 20]
+       [--idle-seconds 10] [--wake none|in-process|redis|nats|all ...] [--nats-url URL] [--json]
 Also run by ``python scripts/bench.py --only relay --only relay-latency``.
 """
 
@@ -268,73 +271,194 @@ def compare(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, events: int = 20_00
     return result
 
 
-def latency(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, rate: float = 200,
-            seconds: float = 20, idle_seconds: float = 10) -> dict[str, Any]:
-    """COMMIT-to-Redis latency of one relay at its default settings under a steady write
-    rate, then the queries a second the relay costs on an empty outbox."""
-    import pymysql
+WAKES = ("none", "in-process", "redis", "nats")
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def _proxy_main(target: tuple[str, int], port: Any, commands: Any) -> None:
+    """A TCP proxy to the database server that counts the commands its clients send (MySQL
+    packets of sequence 0 from the client): one relay's queries, whatever else the shared
+    server is doing (its global ``Questions`` counts every client's)."""
+    async def pipe(reader: Any, writer: Any, count: bool) -> None:
+        buffer = b""
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                if count:
+                    buffer += data
+                    while len(buffer) >= 4:
+                        size = int.from_bytes(buffer[:3], "little")
+                        if len(buffer) < 4 + size:
+                            break
+                        if buffer[3] == 0:
+                            with commands.get_lock():
+                                commands.value += 1
+                        buffer = buffer[4 + size:]
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def serve(client_reader: Any, client_writer: Any) -> None:
+        server_reader, server_writer = await asyncio.open_connection(*target)
+        await asyncio.gather(pipe(client_reader, server_writer, True),
+                             pipe(server_reader, client_writer, False))
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port.value = server.sockets[0].getsockname()[1]
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+class _CountingProxy:
+    def __init__(self, url: Any) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self.port, self.commands = ctx.Value("i", 0), ctx.Value("q", 0)
+        self.process = ctx.Process(target=_proxy_main, daemon=True,
+                                   args=((url.host, url.port), self.port, self.commands))
+        self.process.start()
+        while not self.port.value:
+            time.sleep(0.01)
+        import dataclasses
+        # In clear text, so the proxy can read the commands (MySQL's PyMySQL sessions
+        # otherwise switch to TLS when the server offers it).
+        self.url = dataclasses.replace(url, host="127.0.0.1", port=self.port.value,
+                                       options=(*url.options, ("ssl_disabled", True)))
+
+    def count(self) -> int:
+        return int(self.commands.value)
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.join(10)
+
+
+def latency(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, rate: Any = 200,
+            seconds: float = 20, idle_seconds: float = 10, wakes: Any = ("none",),
+            nats_url: str = DEFAULT_NATS_URL) -> dict[str, Any]:
+    """COMMIT-to-Redis latency of one relay (BullMQ publisher) under steady write rates, then
+    the queries a second it costs on an empty outbox (counted by a proxy in front of the
+    server, its own only), for each wake-up in ``wakes``: ``none`` (polling alone, the
+    defaults), ``in-process`` (the relay a thread of the writer's process, no server; with
+    ``max_idle_pause=2``, as for a service whose every writer is that process), ``redis``
+    and ``nats`` (a relay process with ``--wake-url``, the writer's repository with the same
+    ``wake=``). The writer commits a business row and its event through the repository."""
+    rates = [rate] if isinstance(rate, (int, float)) else list(rate)
+    proxy = _CountingProxy(url)
+    try:
+        modes = [_latency_of(url, proxy, redis_url, nats_url, wake, rates, seconds,
+                             idle_seconds) for wake in wakes]
+    finally:
+        proxy.close()
+    return {"rates": rates, "seconds": seconds, "modes": modes,
+            "load": os.getloadavg()}
+
+
+def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, wake: str,
+                rates: list[float], seconds: float, idle_seconds: float) -> dict[str, Any]:
+    import threading
+
     import redis
+
+    from outbox_lite import OutboxRepository
+    from outbox_lite.relay import Relay
 
     run = uuid.uuid4().hex[:12]
     queue = f"bench-latency-{run}"
-    conn = pymysql.connect(host=url.host, port=url.port, user=url.user, password=url.password,
-                           database=url.name, charset="utf8mb4", autocommit=True)
+    wake_url = {"redis": redis_url, "nats": nats_url}.get(wake)
+    db = url.database()
+    repo = OutboxRepository(db, wake=wake_url)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    cur = conn.cursor()
-    cur.execute("TRUNCATE TABLE outbox_event")
-    relay = subprocess.Popen(
-        [sys.executable, "-m", "outbox_lite.cli", "relay", "--database-url",
-         url.secret_text(), "--bullmq-url", redis_url, "--queue", queue],
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True)
+    db.execute_sql("TRUNCATE TABLE outbox_event")
+    cap = 2.0 if wake != "none" else 0.05
+    stop = threading.Event()
+    relays: list[Any] = []
+
+    def start_relay(database_url: Any) -> None:
+        """The relay: a thread of this process (in-process), else a process of its own."""
+        if wake == "in-process":
+            from outbox_lite.publishers.bullmq import BullMQPublisher
+
+            relay = Relay(OutboxRepository(database_url.database()),
+                          BullMQPublisher(redis_url, queue), max_idle_pause=cap,
+                          progress_every=0)
+            thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+            thread.start()
+            relays.append(thread)
+        else:
+            relays.append(subprocess.Popen(
+                [sys.executable, "-m", "outbox_lite.cli", "relay", "--database-url",
+                 database_url.secret_text(), "--bullmq-url", redis_url, "--queue", queue,
+                 *(["--wake-url", wake_url] if wake_url else [])],
+                env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, text=True))
+
+    def stop_relays() -> None:
+        stop.set()
+        for relay in relays:
+            if isinstance(relay, threading.Thread):
+                relay.join(30)
+            else:
+                relay.terminate()
+                relay.communicate(timeout=60)
+        relays.clear()
+        stop.clear()
+
+    start_relay(url)  # straight to the server: the proxy would add its own hop
+    result: dict[str, Any] = {"wake": wake, "max_idle_pause": cap, "rates": []}
     try:
         time.sleep(2)  # let it start (imports, connections) before the clock matters
-        committed: dict[str, float] = {}
-        count = int(rate * seconds)
-        started = time.perf_counter()
-        for n in range(count):
-            due = started + n / rate
-            wait = due - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)  # pacing the writer, not waiting on a lock
-            key = f"{run}-{n}"
-            now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-            conn.begin()
-            cur.execute("INSERT INTO job (name) VALUES (%s)", (key,))
-            cur.execute("INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
-                        " dedupe_key, payload, status, available_at, created_at, updated_at)"
-                        " VALUES ('job.created', 'ai_job', %s, %s, %s, 'pending', %s, %s, %s)",
-                        (str(n), key, json.dumps({**PAYLOAD, "job_id": n}), now, now, now))
-            conn.commit()
-            committed[_job_id(key)] = time.time() * 1000
-        deadline = time.monotonic() + 30
-        while client.llen(f"bull:{queue}:wait") < count and time.monotonic() < deadline:
-            time.sleep(0.05)
-        added: dict[str, float] = {}
-        for entry_id, fields in client.xrange(f"bull:{queue}:events", count=count * 4):
-            if fields.get("event") == "added":
-                added[fields["jobId"]] = float(entry_id.split("-")[0])
-        delays = sorted(added[j] - committed[j] for j in committed if j in added)
-        if len(delays) != count:
-            raise AssertionError(f"{len(delays)} of {count} jobs seen in the event stream")
-        # The idle cost: the relay alone on a drained outbox.
-        time.sleep(2)  # past its last work: its idle pause has grown to the cap
-        cur.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
-        before = int(cur.fetchone()[1])  # type: ignore[index]
+        total = 0
+        for rate in rates:
+            committed: dict[str, float] = {}
+            count = int(rate * seconds)
+            started = time.perf_counter()
+            for n in range(count):
+                wait = started + n / rate - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)  # pacing the writer, not waiting on a lock
+                key = f"{run}-{total + n}"
+                with db.atomic():
+                    db.execute_sql("INSERT INTO job (name) VALUES (%s)", (key,))
+                    repo.create_in_transaction(
+                        event_type="job.created", aggregate_type="ai_job", aggregate_id=key,
+                        payload={**PAYLOAD, "job_id": n}, dedupe_key=key)
+                committed[_job_id(key)] = time.time() * 1000
+            total += count
+            deadline = time.monotonic() + 30
+            while client.llen(f"bull:{queue}:wait") < total and time.monotonic() < deadline:
+                time.sleep(0.05)
+            added: dict[str, float] = {}
+            for entry_id, fields in client.xrange(f"bull:{queue}:events", count=total * 4):
+                if fields.get("event") == "added":
+                    added[fields["jobId"]] = float(entry_id.split("-")[0])
+            delays = sorted(added[j] - committed[j] for j in committed if j in added)
+            if len(delays) != count:
+                raise AssertionError(f"{wake}: {len(delays)} of {count} jobs seen")
+            result["rates"].append({
+                "rate": rate, "events": count, "p50_ms": statistics.median(delays),
+                "p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))],
+                "max_ms": delays[-1]})
+            time.sleep(0.5)
+        # The idle cost: a relay alone on the drained outbox, through the counting proxy,
+        # once its pause has grown to the cap.
+        stop_relays()
+        start_relay(proxy.url)
+        time.sleep(2 + 2 * cap + 1)
+        before = proxy.count()
         time.sleep(idle_seconds)
-        cur.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
-        after = int(cur.fetchone()[1])  # type: ignore[index]
+        result["idle_queries_per_s"] = (proxy.count() - before) / idle_seconds
     finally:
-        relay.terminate()
-        relay.communicate(timeout=60)
+        stop_relays()
         delete_queue(client, queue)
         client.close()
-        conn.close()
-    return {"events": count, "rate": rate,
-            "p50_ms": statistics.median(delays),
-            "p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))],
-            "max_ms": delays[-1],
-            "idle_queries_per_s": (after - before - 1) / idle_seconds}
+        db.close()
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,8 +482,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=20_000, help="events (default 20000)")
     parser.add_argument("--batch", type=int, default=100, help="batch size (default 100)")
     parser.add_argument("--workers", type=int, default=4, help="processes (default 4)")
-    parser.add_argument("--rate", type=float, default=200, help="events/s written (default 200)")
-    parser.add_argument("--seconds", type=float, default=20, help="writing time (default 20)")
+    parser.add_argument("--rate", type=float, action="append",
+                        help="events/s written, once per rate given (default 200)")
+    parser.add_argument("--seconds", type=float, default=20,
+                        help="writing time per rate (default 20)")
+    parser.add_argument("--idle-seconds", type=float, default=10,
+                        help="time the idle relay's queries are counted (default 10)")
+    parser.add_argument("--wake", choices=WAKES + ("all",), action="append",
+                        help="latency: the wake-up to measure, side by side when given more"
+                             " than once (default: none; all: every one)")
+    parser.add_argument("--nats-url", default=DEFAULT_NATS_URL,
+                        help=f"NATS for --wake nats (default: {DEFAULT_NATS_URL})")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     job_table = ("CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
@@ -367,7 +500,10 @@ def main(argv: list[str] | None = None) -> int:
     with scratch_database(args.database_url, "bench_relay", job_table) as url:
         report = run_measures(url, args.redis_url, set(args.only or ("relay", "latency")),
                               rounds=args.rounds, events=args.events, batch=args.batch,
-                              workers=args.workers, rate=args.rate, seconds=args.seconds)
+                              workers=args.workers, rate=args.rate or [200],
+                              seconds=args.seconds, idle_seconds=args.idle_seconds,
+                              wakes=WAKES if "all" in (args.wake or ()) else
+                              tuple(args.wake or ("none",)), nats_url=args.nats_url)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
@@ -379,7 +515,10 @@ def run_measures(url: Any, redis_url: str, only: set[str], **sizes: Any) -> dict
                                   workers=sizes["workers"], rounds=sizes["rounds"])
     if "latency" in only:
         report["latency"] = latency(url, redis_url, rate=sizes["rate"],
-                                    seconds=sizes["seconds"])
+                                    seconds=sizes["seconds"],
+                                    idle_seconds=sizes.get("idle_seconds", 10),
+                                    wakes=sizes.get("wakes", ("none",)),
+                                    nats_url=sizes.get("nats_url", DEFAULT_NATS_URL))
     return report
 
 
@@ -399,11 +538,16 @@ def format_report(report: dict[str, Any]) -> str:
             f"  rounds: {r['rounds']}"]
     if "latency" in report:
         lat = report["latency"]
-        lines += [
-            f"COMMIT to job in Redis at {lat['rate']:g} events/s ({lat['events']} events, one"
-            f" relay, default settings): p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f}"
-            f" ms (target < 100), max {lat['max_ms']:.1f} ms",
-            f"  idle relay on an empty outbox: {lat['idle_queries_per_s']:.1f} queries/s"]
+        lines.append(f"COMMIT to job in Redis, one relay ({lat['seconds']:g} s per rate; load"
+                     f" average {' '.join(f'{x:.2f}' for x in lat['load'])}); targets with a"
+                     " wake-up: p50 <= 3 ms, p99 <= 15 ms, idle <= 2 queries/s")
+        lines.append(f"  {'wake-up':<11} {'pause cap':>9} " + " ".join(
+            f"{f'{r:g}/s p50':>10} {'p99':>7} {'max':>7}" for r in lat["rates"])
+            + f" {'idle q/s':>9}")
+        for mode in lat["modes"]:
+            lines.append(f"  {mode['wake']:<11} {mode['max_idle_pause']:>8g}s " + " ".join(
+                f"{r['p50_ms']:>7.1f} ms {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f}"
+                for r in mode["rates"]) + f" {mode['idle_queries_per_s']:>9.1f}")
     return "\n".join(lines)
 
 

@@ -123,20 +123,26 @@ def flaky() -> _Flaky:
 
 def _inside_stop_waits(action: Any) -> None:
     """Call ``action()`` in this (the relay's main) thread each time ``Relay.run`` waits on
-    its stop Event, at the instant the thread holds that Event's lock (inside
+    its stop Event or, idle, on its doorbell, at the instant the thread holds that lock (inside
     ``Event.wait()``, entering ``Condition.wait()``: the instant of issue 17's py-spy stack,
     where a handler that calls ``Event.set()`` deadlocks). ``action`` returns False to stop
     watching."""
     import sys
     import threading
 
+    from outbox_lite.wake import Doorbell
+
     def tracer(frame: Any, event: str, arg: Any) -> None:
         caller = frame.f_back
         if (event == "call" and frame.f_code is threading.Condition.wait.__code__
-                and caller is not None and caller.f_code is threading.Event.wait.__code__
-                and caller.f_back is not None and caller.f_back.f_code.co_name == "run"
-                and caller.f_back.f_code.co_filename.endswith("relay.py")):
-            assert caller.f_locals["self"]._cond._lock.locked()  # held by this thread
+                and caller is not None and (
+                    # the relay's idle wait: on its doorbell (outbox_lite.wake), which
+                    # sleeps on the stop Event's own condition
+                    caller.f_code is Doorbell.wait.__code__
+                    or caller.f_code is threading.Event.wait.__code__
+                    and caller.f_back is not None and caller.f_back.f_code.co_name == "run"
+                    and caller.f_back.f_code.co_filename.endswith("relay.py"))):
+            assert frame.f_locals["self"]._lock.locked()  # held by this thread
             if action() is False:
                 sys.settrace(None)
         return None

@@ -66,10 +66,17 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--until-empty", action="store_true",
                    help="exit 0 once no event is pending or processing (with --ordered: but "
                         "those behind a dead letter of their aggregate)")
-    p.add_argument("--max-idle-pause", type=parse_seconds, default=0.05, metavar="SECONDS",
+    p.add_argument("--wake-url", metavar="URL",
+                   help="claim as soon as a service's repository with the same wake= rings "
+                        "through this server, redis://[:password@]host:port or nats://host:"
+                        "port (default: $OUTBOX_WAKE_URL); polling stays as the safety net, "
+                        "with --max-idle-pause 2 s by default; needs outbox-lite[bullmq] "
+                        "(redis) or [nats]")
+    p.add_argument("--max-idle-pause", type=parse_seconds, metavar="SECONDS",
                    help="the longest wait between polls of an empty outbox, which bounds the "
-                        "delay of an event after a quiet spell: a longer one costs the server "
-                        "fewer queries (default: 0.05, about 60 queries/s)")
+                        "delay of an event after a quiet spell (with a wake-up: of one whose "
+                        "wake-up was lost): a longer one costs the server fewer queries "
+                        "(default: 0.05, about 60 queries/s; with --wake-url 2, about 1)")
     p.add_argument("--progress-every", type=parse_seconds, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default: 5)")
     _add_metrics_flags(p)
@@ -98,15 +105,19 @@ def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
     from ..relay import Relay
 
     metrics = _relay_metrics(args)
+    wake = args.wake_url or os.environ.get("OUTBOX_WAKE_URL") or None
     publisher = _publisher(args)
     server = None
     try:
         with open_repository(url) as repo:
-            relay = Relay(repo, publisher, worker_id=args.worker_id,
-                          batch_size=args.batch_size, lock_timeout=args.lock_timeout,
-                          ordered=args.ordered, max_idle_pause=args.max_idle_pause,
-                          progress_every=args.progress_every, metrics=metrics,
-                          stuck_after=args.stuck_after)
+            try:
+                relay = Relay(repo, publisher, worker_id=args.worker_id,
+                              batch_size=args.batch_size, lock_timeout=args.lock_timeout,
+                              ordered=args.ordered, max_idle_pause=args.max_idle_pause,
+                              progress_every=args.progress_every, metrics=metrics,
+                              stuck_after=args.stuck_after, wake=wake)
+            except ImportError as exc:  # the wake-up's client is not installed: it says which
+                raise CommandError(str(exc)) from None
             repo.stats()  # a wrong URL, a missing grant or table: one line now, not in the loop
             logging.getLogger("outbox_lite.relay").setLevel(logging.INFO)
             if metrics is not None:
@@ -115,6 +126,7 @@ def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
             with _signals.stop_on_signals(stop, _say_stopping):
                 print(f"outbox-lite relay {relay.worker_id}: from {url} to {publisher!r}"
                       + (", ordered" if args.ordered else "")
+                      + (f"; woken through {relay.wake!r}" if relay.wake else "")
                       + (f"; metrics on {_metrics_url(server)}/metrics" if server else ""),
                       file=sys.stderr, flush=True)
                 try:

@@ -1,0 +1,307 @@
+"""Waking the relay on commit (SPEC §10): in-process, through Redis pub/sub and NATS core, a
+ring before the COMMIT, a lost ring, a storm of rings."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import nats
+import peewee as pw
+import pymysql
+import pytest
+import redis
+
+from outbox_lite import InvalidEventError, OutboxRepository
+from outbox_lite import wake
+from outbox_lite.relay import Relay
+
+from _brokers import SHARED_NATS
+from _redis import SHARED_REDIS
+from _relays import finish, relay_process
+
+LONG = 30.0  # a poll pause no test waits out: what is published fast was woken
+SOURCES = {"redis": SHARED_REDIS, "nats": SHARED_NATS}
+
+
+class _AcceptAll:
+    def publish(self, events):
+        return {}
+
+    def close(self):
+        pass
+
+
+def _published(fetch, ids):
+    rows = fetch("SELECT id FROM outbox_event WHERE status = 'published'")
+    return {r["id"] for r in rows} >= set(ids)
+
+
+def _wait_published(fetch, ids, timeout, processes=()):
+    deadline = time.monotonic() + timeout
+    while not _published(fetch, ids):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def _create(repo, n):
+    with repo.database.atomic():
+        return repo.create_in_transaction(event_type="job.created", aggregate_type="job",
+                                          aggregate_id=str(n), payload={"n": n}).id
+
+
+class _RelayThread:
+    """A Relay running in a thread of this process until :meth:`stop`."""
+
+    def __init__(self, db_url, **options):
+        self.database = db_url.database()
+        self.relay = Relay(OutboxRepository(self.database), _AcceptAll(), **options)
+        self.stop_event = threading.Event()
+        self.errors = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.relay.run(self.stop_event)
+        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
+            self.errors.append(exc)
+
+    def stop(self):
+        self.stop_event.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        assert not self.errors, self.errors
+        self.relay.close()
+
+
+def _settle(relay, seconds):
+    """Wait until the relay's rounds stop coming (its pause has grown past ``seconds``)."""
+    rounds = -1
+    while relay.stats.rounds != rounds:
+        rounds = relay.stats.rounds
+        time.sleep(seconds)
+
+
+# ---------------------------------------------------------------------------
+# The repository's ring
+# ---------------------------------------------------------------------------
+
+def test_the_repository_rings_after_the_commit_and_not_on_a_rollback(db, repo):
+    """Peewee 4 has a commit hook: the ring comes after the COMMIT, none on a rollback.
+    Peewee 3 has none: the ring comes at create (the relay retries after it)."""
+    bell = wake.Doorbell()
+    wake.listen_locally(wake.database_key(db), bell)
+    try:
+        hook = hasattr(pw.Database, "after_commit")
+        with db.atomic():
+            repo.create_in_transaction(event_type="a", aggregate_type="b", aggregate_id="1",
+                                       payload={})
+            assert bell.take() is (not hook)
+        assert bell.take() is hook
+        with pytest.raises(RuntimeError):
+            with db.atomic():
+                repo.create_in_transaction(event_type="a", aggregate_type="b",
+                                           aggregate_id="2", payload={})
+                raise RuntimeError("roll back")
+        assert bell.take() is (not hook)  # Peewee 3 rang at create: a spurious ring only
+        with db.atomic():  # a savepoint's event rings at the outer COMMIT
+            with db.atomic():
+                repo.create_in_transaction(event_type="a", aggregate_type="b",
+                                           aggregate_id="3", payload={})
+            assert bell.take() is (not hook)
+        assert bell.take() is hook
+    finally:
+        wake.stop_listening_locally(wake.database_key(db), bell)
+
+
+def test_a_bad_wake_url_is_one_line_of_the_relay_command_without_its_password(db_url):
+    relay = relay_process(db_url, "--publisher", "_wake_publishers:accept_all",
+                          "--wake-url", "http://user:s3cret@host/")
+    status, _, err = finish(relay, 60)
+    assert status != 0 and "wake must be a redis:// or nats:// URL" in err
+    assert "s3cret" not in err and "Traceback" not in err
+
+
+def test_a_bad_wake_is_refused_before_anything_and_keeps_its_password(db):
+    for bad in ("http://user:s3cret@host/", "s3cret", "", 42):
+        with pytest.raises(InvalidEventError) as error:
+            OutboxRepository(db, wake=bad)
+        assert "s3cret" not in str(error.value)
+        with pytest.raises(InvalidEventError):
+            Relay(OutboxRepository(db), _AcceptAll(), wake=bad)
+
+
+def test_a_signal_carries_nothing_of_the_event(db_url, db):
+    """What goes over Redis is an empty message on the database's channel."""
+    client = redis.Redis.from_url(SHARED_REDIS)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    channel = wake.channel_of(SHARED_REDIS, db_url.name)
+    pubsub.subscribe(channel)
+    try:
+        pubsub.get_message(timeout=1)
+        repo = OutboxRepository(db, wake=SHARED_REDIS)
+        _create(repo, 1)
+        message = pubsub.get_message(timeout=5)
+        assert message is not None and message["type"] == "message"
+        assert (message["channel"], message["data"]) == (channel.encode(), b"")
+    finally:
+        pubsub.close()
+        client.close()
+
+
+# ---------------------------------------------------------------------------
+# The relay wakes
+# ---------------------------------------------------------------------------
+
+def test_a_relay_in_the_same_process_wakes_without_any_server(db_url, db, fetch):
+    relay = _RelayThread(db_url, max_idle_pause=LONG)
+    try:
+        repo = OutboxRepository(db)  # no wake= at all: in-process rings need no server
+        delays = []
+        for n in range(3):
+            _settle(relay.relay, 0.7)  # its pause has grown past 0.7 s: a poll would be late
+            started = time.monotonic()
+            event_id = _create(repo, n)
+            assert _wait_published(fetch, [event_id], 5.0)
+            delays.append(time.monotonic() - started)
+    finally:
+        relay.stop()
+    assert max(delays) < 0.15, delays
+
+
+@pytest.mark.parametrize("kind", ["redis", "nats"])
+def test_a_relay_in_another_process_wakes_through_the_server(kind, db_url, db, fetch,
+                                                             tmp_path):
+    url = SOURCES[kind]
+    # Redis's URL as the flag, NATS's from $OUTBOX_WAKE_URL
+    flag, env = (["--wake-url", url], None) if kind == "redis" else ([], {"OUTBOX_WAKE_URL": url})
+    relay = relay_process(db_url, "--publisher", "_wake_publishers:accept_all", *flag,
+                          "--max-idle-pause", str(LONG), env=env)
+    try:
+        time.sleep(3)  # started, and its pause has grown to seconds: a poll would be late
+        repo = OutboxRepository(db, wake=url)
+        delays = []
+        for n in range(5):
+            started = time.monotonic()
+            event_id = _create(repo, n)
+            assert _wait_published(fetch, [event_id], 5.0, [relay]), f"event {n} waited"
+            delays.append(time.monotonic() - started)
+            time.sleep(0.1)
+    finally:
+        relay.terminate()
+        status, _, err = finish(relay, 30)
+    assert status == 0, err
+    assert max(delays) < 0.5, delays
+    assert "woken through" in err
+
+
+def test_a_wake_up_before_the_commit_costs_the_event_little(db_url, fetch):
+    """A ring that comes while the event's transaction is still open (Peewee 3 rings at
+    create; a service may ring by hand): the relay's claim finds nothing, and it retries over
+    1, 2, 4 … ms instead of waiting out its poll pause."""
+    relay = _RelayThread(db_url, wake=SHARED_REDIS, max_idle_pause=LONG)
+    client = redis.Redis.from_url(SHARED_REDIS)
+    conn = pymysql.connect(host=db_url.host, port=db_url.port, user=db_url.user,
+                           password=db_url.password, database=db_url.name, autocommit=True)
+    try:
+        _settle(relay.relay, 0.3)
+        channel = wake.channel_of(SHARED_REDIS, db_url.name)
+        delays = []
+        for n, before_commit in enumerate((0.005, 0.02, 0.05)):
+            cur = conn.cursor()
+            conn.begin()
+            now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+            cur.execute("INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
+                        " dedupe_key, payload, status, available_at, created_at, updated_at)"
+                        " VALUES ('a', 'b', %s, %s, '{}', 'pending', %s, %s, %s)",
+                        (str(n), uuid.uuid4().hex, now, now, now))
+            event_id = cur.lastrowid
+            client.publish(channel, b"")  # the ring, before the COMMIT
+            time.sleep(before_commit)  # the rest of the service's transaction
+            conn.commit()
+            committed = time.monotonic()
+            assert _wait_published(fetch, [event_id], 10.0)
+            delays.append((before_commit, time.monotonic() - committed))
+            _settle(relay.relay, 0.3)
+    finally:
+        conn.close()
+        client.close()
+        relay.stop()
+    # The retry doubles: the event waits about as long again as its transaction had left
+    # when the ring came (with room for a loaded machine), not the 30 s poll pause.
+    for before_commit, delay in delays:
+        assert delay < 4 * before_commit + 0.5, delays
+
+
+def test_a_storm_of_rings_is_one_flag_not_a_queue(db_url):
+    """Thousands of rings a second with nothing to claim: the relay's claims thin out to
+    log2(pause / 1 ms) and then its poll, instead of following the rings."""
+    relay = _RelayThread(db_url, wake=SHARED_REDIS, max_idle_pause=LONG)
+    client = redis.Redis.from_url(SHARED_REDIS)
+    try:
+        _settle(relay.relay, 0.3)
+        rounds_before = relay.relay.stats.rounds
+        channel = wake.channel_of(SHARED_REDIS, db_url.name)
+        sent = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 2.0:
+            pipe = client.pipeline(transaction=False)
+            for _ in range(200):
+                pipe.publish(channel, b"")
+            pipe.execute()
+            sent += 200
+            time.sleep(0.01)
+        elapsed = time.monotonic() - started
+        time.sleep(0.2)
+        heard = relay.relay._bell.rings
+        claims = relay.relay.stats.rounds - rounds_before
+    finally:
+        client.close()
+        relay.stop()
+    assert sent / elapsed > 5_000, f"the test sent only {sent / elapsed:.0f} rings/s"
+    assert heard > sent * 0.9  # they arrived
+    assert claims <= 16, (claims, sent)  # 1, 2, 4 … 1024 ms: about 12 in two seconds
+
+
+# ---------------------------------------------------------------------------
+# A wake-up server that is down
+# ---------------------------------------------------------------------------
+
+def test_a_lost_wake_up_loses_no_event_and_the_wake_up_comes_back(db_url, db, fetch,
+                                                                  redis_server, caplog):
+    server = redis_server()
+    relay = relay_process(db_url, "--publisher", "_wake_publishers:accept_all",
+                          "--wake-url", server.url, "--max-idle-pause", "1")
+    try:
+        time.sleep(2.5)
+        server.stop()  # our own redis-server, by its pid
+        repo = OutboxRepository(db, wake=server.url)
+        ids = []
+        with caplog.at_level(logging.WARNING, logger="outbox_lite.wake"):
+            for n in range(20):
+                started = time.monotonic()
+                ids.append(_create(repo, n))
+                assert time.monotonic() - started < 0.2  # a write never waits on it
+            assert _wait_published(fetch, ids, 10.0, [relay]), "polling did not publish them"
+            warnings = [r for r in caplog.records if "failed" in r.getMessage()]
+            assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+            server.start()  # the same port: both sides reconnect in the background
+            deadline = time.monotonic() + 15
+            while repo.wake.sent == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the sender sends the rings it held, once it is back
+            assert repo.wake.sent >= 1
+    finally:
+        time.sleep(6)  # the relay's listener is back too (its backoff is at most 5 s)
+        relay.terminate()
+        status, _, err = finish(relay, 30)
+    assert status == 0, err
+    assert err.count("wake-up listener") == 2, err  # failed once, back once
+    assert "is back" in err
