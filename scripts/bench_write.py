@@ -56,13 +56,8 @@ from outbox_lite import migrate as schema  # noqa: E402
 from outbox_lite._db import DatabaseUrl  # noqa: E402
 from outbox_lite._server import server_of  # noqa: E402
 
-PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512",
-           "priority": 3, "tags": ["image", "resize"]}
-EVENT_INSERT = (
-    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
-    " status, attempt_count, available_at, created_at, updated_at)"
-    " VALUES (%s, %s, %s, %s, %s, 'pending', 0, %s, %s, %s)"
-)
+from bench import EVENT_INSERT, PAYLOAD  # noqa: E402  (beside this script: the same baseline)
+
 JOB_INSERT = "INSERT INTO job (name) VALUES (%s)"
 DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite", "mysql://root@127.0.0.1:3308/outbox_lite"]
 
