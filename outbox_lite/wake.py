@@ -21,6 +21,7 @@ at ``create_in_transaction`` (before the COMMIT). A ring that comes before the C
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -257,12 +258,21 @@ class WakeSource:
         while not stop.is_set():
             try:
                 self._transport.listen(self.channel, bell, stop,
-                                       ready=(lambda: None) if first else bell.ring)
+                                       ready=functools.partial(self._ready, down, bell,
+                                                               not first))
                 first = False
                 down.over()
             except Exception as exc:  # noqa: BLE001 - the relay polls meanwhile
                 first = False
                 stop.wait(down.failed(exc))
+
+    @staticmethod
+    def _ready(down: "_Outage", bell: Doorbell, missed: bool) -> None:
+        """The listener is subscribed: the outage (if any) is over, and after a reconnect a
+        ring may have been missed, so ring once."""
+        down.over()
+        if missed:
+            bell.ring()
 
     def close(self) -> None:
         self._closing.set()
@@ -333,7 +343,7 @@ class _Redis(_Transport):
     def listen(self, channel: str, bell: Doorbell, stop: threading.Event,
                ready: Callable[[], None]) -> None:
         client = self._connect()
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        pubsub = client.pubsub()  # its "subscribe" confirmation is the moment it is ready
         try:
             pubsub.subscribe(channel)
             while not stop.is_set():
