@@ -131,8 +131,11 @@ def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
                       file=sys.stderr, flush=True)
                 try:
                     relay.run(stop, until_empty=args.until_empty)
-                except KeyboardInterrupt:  # stopped at once: say what is left behind
-                    _say_left(relay)
+                except BaseException as exc:  # stopped at once: say what is left behind
+                    # an interrupt, or an error raised while unwinding from one (closing the
+                    # connection it broke), which main() reports as that interrupt
+                    if _signals.interruption(exc) is not None:
+                        _say_left(relay)
                     raise
     finally:
         if server is not None:
