@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 import peewee as pw
@@ -26,16 +25,12 @@ from outbox_lite import (
 
 from conftest import FakeClock, QuietMySQLDatabase, QuietPooledMySQLDatabase, seed
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+from _docs import block as docs_block
 
 
-def readme_block(heading: str) -> str:
-    """The first Python block of the README after ``heading``."""
-    text = README.read_text(encoding="utf-8")
-    assert heading in text, f"the README lost its section {heading!r}"
-    block = re.search(r"```python\n(.*?)```", text[text.index(heading):], re.S)
-    assert block is not None
-    return block.group(1)
+def readme_block(page: str, *containing: str) -> str:
+    """The Python block of the docs page that holds ``containing``."""
+    return docs_block(page, *containing, lang="python")
 
 
 def kill(fetch, connection_id: int) -> None:
@@ -103,13 +98,13 @@ def make(kind: str, db_url, fetch) -> Any:
 
 
 class Until:
-    """``while not stopping``: true once no event is pending or processing, or after
+    """``stopping.is_set()``: true once no event is pending or processing, or after
     ``rounds`` checks (so that a broken loop fails the test instead of hanging it)."""
 
     def __init__(self, fetch, rounds: int = 200) -> None:
         self.fetch, self.rounds, self.checks = fetch, rounds, 0
 
-    def __bool__(self) -> bool:
+    def is_set(self) -> bool:
         self.checks += 1
         left = self.fetch("SELECT COUNT(*) AS n FROM outbox_event"
                           " WHERE status IN ('pending', 'processing')")[0]["n"]
@@ -139,9 +134,10 @@ def test_the_readme_worker_loop_survives_a_killed_connection(db_url, fetch, kind
     if where == "inside the claim transaction":
         database.kill_before = "FOR UPDATE SKIP LOCKED"
     stopping = Until(fetch)
-    code = compile(readme_block("### A worker loop that survives faults"), "README.md", "exec")
-    exec(code, {"db": database, "outbox": outbox, "me": "worker-1", "publish": publish,
-                "stopping": stopping})
+    page = "docs/guides/worker-loop.md"
+    namespace: dict = {}
+    exec(compile(readme_block(page, "def run_worker("), page, "exec"), namespace)
+    namespace["run_worker"](database, outbox, "worker-1", publish, stopping)
 
     assert stopping.checks <= stopping.rounds, "the loop never finished the outbox"
     assert database.kills == 1
@@ -264,12 +260,14 @@ def test_the_readme_retry_after_a_failed_commit_writes_once(db, db_url, fetch,
                                                              deterministic_key):
     database = db_url.database(CommitReplyLost)
     outbox = OutboxRepository(database)
-    code = readme_block("### A COMMIT that fails may have committed")
+    page = "docs/guides/producing.md"
+    code = readme_block(page, "def place_order_retrying(")
     if not deterministic_key:  # what the README warns about: a random (default) key
         code, n = re.subn(r",\s*dedupe_key=[^)]*\)", ")", code)
         assert n == 1
-    exec(compile(code, "README.md", "exec"), {"db": database, "outbox": outbox,
-                                              "order_id": 42})
+    namespace: dict = {}
+    exec(compile(code, page, "exec"), namespace)
+    namespace["place_order_retrying"](database, outbox, 42)
     copies = 1 if deterministic_key else 2
     assert fetch("SELECT name FROM job") == [{"name": "order-42"}] * copies
     assert fetch("SELECT aggregate_id FROM outbox_event") == [{"aggregate_id": "42"}] * copies

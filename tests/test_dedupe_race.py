@@ -21,7 +21,7 @@ from outbox_lite import LockConflictError, OutboxRepository
 
 from _sessions import ThreadSession
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "guides" / "producing.md"
 
 
 class Writer(ThreadSession):
@@ -112,5 +112,5 @@ def test_the_survivor_of_a_rolled_back_race_holds_the_gap_until_it_ends(writers,
 def test_the_readme_says_so_beside_the_inbox_note():
     text = README.read_text(encoding="utf-8")
     errors = text[text.index("`DuplicateEventError` (`.dedupe_key`"):]
-    errors = errors[:errors.index("## How it locks")]
+    errors = errors[:errors.index("## A COMMIT that fails")]
     assert "rolls back" in errors and "gap" in errors and "tests/test_dedupe_race.py" in errors

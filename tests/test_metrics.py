@@ -410,7 +410,7 @@ def test_the_default_stuck_after_is_the_lock_timeout_and_at_least_ten_seconds(db
 
 
 def test_the_readmes_alert_rules_name_only_metrics_the_relay_exports():
-    readme = (TESTS.parent / "README.md").read_text(encoding="utf-8")
+    readme = (TESTS.parent / "docs" / "guides" / "metrics.md").read_text(encoding="utf-8")
     [rules] = re.findall(r"^```yaml\n(groups:.*?)^```$", readme, re.DOTALL | re.MULTILINE)
     named = set(re.findall(r"\b(outbox_[a-z_]+)", rules))
     exported = set()

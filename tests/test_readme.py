@@ -1,6 +1,7 @@
-"""The README's usage snippets run verbatim after the README's setup: the first one, the
-relay's (which needs Redis at 127.0.0.1:6379, as the setup says), and RabbitMQ's and NATS's,
-which print what a consumer receives, as the README says they do."""
+"""The README's example and the docs' usage snippets run verbatim after the setup of
+docs/getting-started.md: the hand-written loop, the relay's (README.md and
+docs/guides/relay.md, which needs Redis at 127.0.0.1:6379), RabbitMQ's and NATS's, which
+print what a consumer receives, as their pages say they do, the metrics' and the inbox's."""
 
 from __future__ import annotations
 
@@ -12,27 +13,27 @@ from pathlib import Path
 
 from outbox_lite._db import DEFAULT_URL, DatabaseUrl
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-# What the README connects to: the database `outbox-lite migrate` makes by default.
-CONNECT = ('peewee.MySQLDatabase("outbox_lite", host="127.0.0.1", user="root",'
-           ' charset="utf8mb4")')
+from _docs import CONNECT, ROOT, block as docs_block
+
+README = ROOT / "README.md"
 
 
-def _python_blocks() -> list[str]:
-    text = README.read_text(encoding="utf-8")
-    return re.findall(r"^```python\n(.*?)^```$", text, re.DOTALL | re.MULTILINE)
+def _page(name: str) -> Path:
+    return ROOT / name
 
 
 def _first_python_block() -> str:
-    blocks = _python_blocks()
-    assert blocks, "the README has no python block"
-    return blocks[0]
+    """The hand-written loop of docs/guides/worker-loop.md."""
+    return docs_block("docs/guides/worker-loop.md", "claim_batch(me", "while True:", lang="python")
 
 
 def _relay_block() -> str:
-    [block] = [b for b in _python_blocks()
-               if "Relay(outbox, publisher)" in b and "BullMQPublisher(" in b]
-    return block
+    """README.md's example, which docs/guides/relay.md prints too, identical."""
+    readme = docs_block("README.md", "Relay(outbox, publisher)", "BullMQPublisher(",
+                        lang="python")
+    assert docs_block("docs/guides/relay.md", "Relay(outbox, publisher)", "BullMQPublisher(",
+                      lang="python") == readme
+    return readme
 
 
 def test_the_connection_is_what_the_setup_made():
@@ -77,19 +78,19 @@ def test_the_relay_snippet_runs_as_written(db_url, fetch, tmp_path, rds, queue):
     assert fetch("SELECT aggregate_id, status, dedupe_key FROM outbox_event ORDER BY id") == [
         {"aggregate_id": str(n), "status": "published", "dedupe_key": f"job.created:{n}"}
         for n in (1, 2)]
-    for n in (1, 2):  # what the README says a BullMQ worker gets
+    for n in (1, 2):  # what the README and the relay's page say a BullMQ worker gets
         job = rds.hgetall(f"bull:{queue}:outbox-job.created%3A{n}")
         assert job["name"] == "job.created" and json.loads(job["data"]) == {"job_id": n}, job
     assert rds.llen(f"bull:{queue}:wait") == 2
 
 
-def _broker_block(marker: str) -> tuple[str, str]:
-    """The python block holding ``marker`` and what the README says it prints."""
-    [block] = [b for b in _python_blocks() if marker in b]
-    text = README.read_text(encoding="utf-8")
+def _broker_block(marker: str, page: str) -> tuple[str, str]:
+    """The python block holding ``marker`` and what its page says it prints."""
+    block = docs_block(page, marker, lang="python")
+    text = _page(page).read_text(encoding="utf-8")
     after = text[text.index(block) + len(block):]
     printed = re.search(r"It prints `(.*?)`\n?\(", after, re.DOTALL)
-    assert printed, f"the README does not say what the {marker} block prints"
+    assert printed, f"{page} does not say what the {marker} block prints"
     return block, " ".join(printed.group(1).split())
 
 
@@ -110,7 +111,7 @@ def _run_block(block: str, tmp_path) -> str:
 def test_the_rabbitmq_snippet_runs_as_written_and_prints_what_it_says(db_url, fetch, tmp_path):
     from _brokers import Exchange, SHARED_RABBITMQ
 
-    block, printed = _broker_block("RabbitMQPublisher(")
+    block, printed = _broker_block("RabbitMQPublisher(", "docs/guides/rabbitmq.md")
     assert block.count(CONNECT) == 1
     target = Exchange(SHARED_RABBITMQ, f"readme-{db_url.name}", f"readme-{db_url.name}-q")
     try:
@@ -127,7 +128,7 @@ def test_the_rabbitmq_snippet_runs_as_written_and_prints_what_it_says(db_url, fe
 def test_the_nats_snippet_runs_as_written_and_prints_what_it_says(db_url, fetch, tmp_path):
     from _brokers import SHARED_NATS, Stream
 
-    block, printed = _broker_block("NATSPublisher(")
+    block, printed = _broker_block("NATSPublisher(", "docs/guides/nats.md")
     assert block.count(CONNECT) == 1
     prefix = f"readme-{db_url.name}".replace("_", "-")
     target = Stream(SHARED_NATS, f"README_{db_url.name}", prefix, [f"{prefix}.>"])
@@ -148,7 +149,7 @@ def test_the_metrics_snippet_runs_after_the_relay_snippets_setup(db_url, fetch, 
                                                                  queue):
     """The metrics block in place of the relay block's last two lines: it publishes the
     setup's event and prints the counter that says so."""
-    [metrics_block] = [b for b in _python_blocks() if "RelayMetrics(registry)" in b]
+    metrics_block = docs_block("docs/guides/metrics.md", "RelayMetrics(registry)", lang="python")
     setup = _relay_block().split("with BullMQPublisher(")[0]
     script = tmp_path / "readme_metrics.py"
     script.write_text((setup + metrics_block).replace(CONNECT, _ours(db_url))
@@ -163,7 +164,7 @@ def test_the_metrics_snippet_runs_after_the_relay_snippets_setup(db_url, fetch, 
 
 def test_the_inbox_snippet_runs_as_written(db_url, fetch, tmp_path):
     """Run twice: the second run's first delivery is a redelivery too, and writes nothing."""
-    [block] = [b for b in _python_blocks() if 'Inbox(db, "billing")' in b]
+    block = docs_block("docs/guides/consuming.md", 'Inbox(db, "billing")', lang="python")
     assert block.count(CONNECT) == 1
     script = tmp_path / "readme_inbox.py"
     script.write_text(block.replace(CONNECT, _ours(db_url)), encoding="utf-8")

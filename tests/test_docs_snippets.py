@@ -1,0 +1,208 @@
+"""The documentation's runnable blocks, run as written: only the names change (the test's own
+database, queue, exchange, stream), as tests/test_readme.py does for the rest. Each block
+names this file and its test in the marker above it (see tests/_docs.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from outbox_lite import OutboxRepository
+
+from _docs import CONNECT, block, blocks, connect
+
+
+def _python(code: str, tmp_path: Path, name: str = "snippet.py", timeout: float = 90,
+            **env: str) -> str:
+    script = tmp_path / name
+    script.write_text(code, encoding="utf-8")
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=timeout,
+                            capture_output=True, text=True, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def _shell(line: str, tmp_path: Path, url, *extra: str) -> subprocess.CompletedProcess[str]:
+    """A command line of the docs, with this test's database (and ``extra`` flags)."""
+    assert line.startswith("outbox-lite "), line
+    args = line.split()[1:]
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "OUTBOX_DATABASE_URL": url.secret_text() if hasattr(url, "secret_text")
+           else str(url), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([str(bin_dir / "outbox-lite"), *args, *extra], cwd=tmp_path,
+                          timeout=120, capture_output=True, text=True, env=env)
+
+
+def _lines(page: str, lang: str, start: str) -> list[str]:
+    return [line for b in blocks(page) if b.lang == lang
+            for line in b.code.splitlines() if line.startswith(start)]
+
+
+def _url_text(db_url) -> str:
+    password = f":{db_url.password}" if db_url.password else ""
+    return f"mysql://{db_url.user}{password}@{db_url.host}:{db_url.port}/{db_url.name}"
+
+
+class _Url:  # the URL of a test database with its password, for the commands' environment
+    def __init__(self, db_url) -> None:
+        self.text = _url_text(db_url)
+
+    def secret_text(self) -> str:
+        return self.text
+
+
+# ---------------------------------------------------------------------------
+# docs/getting-started.md, the whole page in order
+# ---------------------------------------------------------------------------
+
+def test_getting_started_runs_as_written(db_url, fetch, tmp_path, rds, queue):
+    page = "docs/getting-started.md"
+    url = _Url(db_url)
+    [migrate] = _lines(page, "sh", "outbox-lite migrate")
+    first = _shell(migrate, tmp_path, url)
+    assert first.returncode == 0 and first.stdout == f"{db_url.name} is up to date\n", first
+    write = block(page, "create_in_transaction(", lang="python")
+    consume = block(page, "inbox.accept(job.id)", lang="python")
+    [relay] = _lines(page, "sh", "outbox-lite relay")
+    assert write.count(CONNECT) == 1 and consume.count(CONNECT) == 1
+    assert _python(write.replace(CONNECT, connect(db_url)), tmp_path) == \
+        "order 1 and its event committed together\n"
+    relayed = _shell(relay.replace("domain-events", queue), tmp_path, url)
+    assert relayed.returncode == 0, relayed.stderr
+    assert json.loads(rds.hget(f"bull:{queue}:outbox-order.placed%3A1", "data")) == \
+        {"order_id": 1}  # the job the page names
+    out = _python(consume.replace(CONNECT, connect(db_url))
+                  .replace('"domain-events"', repr(queue)), tmp_path, "consume.py")
+    assert out == "shipped order.placed {'order_id': 1}\n"  # what the page says it prints
+    assert fetch("SELECT order_id FROM shipment") == [{"order_id": 1}]
+    assert fetch("SELECT consumer, message_id FROM inbox_message") == [
+        {"consumer": "shipping", "message_id": "outbox-order.placed%3A1"}]
+    assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
+    fetch("DROP TABLE orders")
+    fetch("DROP TABLE shipment")
+
+
+# ---------------------------------------------------------------------------
+# docs/guides/upgrades.md: migrating from Python
+# ---------------------------------------------------------------------------
+
+def test_the_migrate_snippet_runs_as_written(db_url, tmp_path):
+    code = block("docs/guides/upgrades.md", "outbox_lite.migrate.migrate(db)", lang="python")
+    assert code.count(CONNECT) == 1
+    out = _python(code.replace(CONNECT, connect(db_url)), tmp_path).splitlines()
+    assert out[0] == "[]"  # the test database is migrated already: nothing pending
+    assert out[1].startswith("['001_create_outbox_event', ") and "005_exact_aggregate_ids" in out[1]
+
+
+# ---------------------------------------------------------------------------
+# docs/guides/publisher.md: a factory for --publisher, and the command that uses it
+# ---------------------------------------------------------------------------
+
+def test_the_publisher_factory_runs_as_written(db, db_url, fetch, tmp_path):
+    page = "docs/guides/publisher.md"
+    package = tmp_path / "myservice"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "outbox.py").write_text(block(page, "def make_publisher(", lang="python"))
+    outbox = OutboxRepository(db)
+    with db.atomic():
+        outbox.create_in_transaction(event_type="order.placed", aggregate_type="order",
+                                     aggregate_id="7", payload={"note": "café"},
+                                     dedupe_key="order.placed:7")
+        outbox.create_in_transaction(event_type="test.ping", aggregate_type="order",
+                                     aggregate_id="8", payload={"n": 1})
+    db.close()
+    [line] = _lines(page, "sh", "outbox-lite relay")
+    result = _shell(line, tmp_path, _Url(db_url), "--until-empty")
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(x) for x in lines] == [
+        {"id": "outbox-order.placed%3A7", "type": "order.placed", "data": {"note": "café"}}]
+    assert fetch("SELECT event_type, status, last_error_code FROM outbox_event ORDER BY id") == [
+        {"event_type": "order.placed", "status": "published", "last_error_code": None},
+        {"event_type": "test.ping", "status": "failed", "last_error_code": "refused"}]
+
+
+# ---------------------------------------------------------------------------
+# docs/guides/bullmq.md: the publisher by hand
+# ---------------------------------------------------------------------------
+
+def test_the_bullmq_publisher_snippet_runs_as_written(db, db_url, fetch, tmp_path, rds, queue):
+    code = block("docs/guides/bullmq.md", "publisher.publish(batch)", lang="python")
+    assert code.count(CONNECT) == 1 and code.count('"domain-events"') == 1
+    outbox = OutboxRepository(db)
+    with db.atomic():
+        outbox.create_in_transaction(event_type="order.placed", aggregate_type="order",
+                                     aggregate_id="5", payload={"order_id": 5},
+                                     dedupe_key="order 5:placed")
+    db.close()
+    out = _python(code.replace(CONNECT, connect(db_url))
+                  .replace('"domain-events"', repr(queue)), tmp_path)
+    assert out == "1 published, 0 failed\n"
+    job = rds.hgetall(f"bull:{queue}:outbox-order%205%3Aplaced")
+    assert job["name"] == "order.placed" and json.loads(job["data"]) == {"order_id": 5}
+    assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
+
+
+# ---------------------------------------------------------------------------
+# docs/guides/rabbitmq.md and nats.md: the relay lines on a fresh broker, after the set-up
+# ---------------------------------------------------------------------------
+
+def _one_event(db) -> None:
+    outbox = OutboxRepository(db)
+    with db.atomic():
+        outbox.create_in_transaction(event_type="order.paid", aggregate_type="order",
+                                     aggregate_id="9", payload={"order_id": 9},
+                                     dedupe_key="order.paid:9")
+    db.close()
+
+
+def test_the_rabbitmq_relay_line_runs_on_a_fresh_broker(db, db_url, fetch, tmp_path):
+    from _brokers import Exchange, SHARED_RABBITMQ
+
+    page = "docs/guides/rabbitmq.md"
+    setup = block(page, "exchange_declare(", "amqp.close()", "import pika\n\n", lang="python")
+    target = Exchange(SHARED_RABBITMQ, f"docs-{db_url.name}", f"docs-{db_url.name}-q")
+    [line] = _lines(page, "sh", "outbox-lite relay --rabbitmq-url")
+    line = line.replace("--exchange orders", f"--exchange {target.name}")
+    _one_event(db)
+    try:
+        before = _shell(line, tmp_path, _Url(db_url), "--until-empty")  # a fresh broker
+        assert before.returncode == 1
+        assert f"exchange {target.name!r} does not exist" in before.stderr
+        _python(setup.replace('"orders"', repr(target.name))
+                .replace('"billing"', repr(target.queue)), tmp_path)
+        result = _shell(line, tmp_path, _Url(db_url), "--until-empty")
+        assert result.returncode == 0, result.stderr
+        assert target.depth() == 1  # the bound queue holds the event
+    finally:
+        target.delete()
+    assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
+
+
+def test_the_nats_relay_line_runs_on_a_fresh_server(db, db_url, fetch, tmp_path):
+    from _brokers import SHARED_NATS, Stream
+
+    page = "docs/guides/nats.md"
+    setup = block(page, "async def add_stream(", lang="python")
+    prefix = f"docs-{db_url.name}".replace("_", "-")
+    target = Stream(SHARED_NATS, f"DOCS_{db_url.name}", prefix, [f"{prefix}.>"])
+    [line] = _lines(page, "sh", "outbox-lite relay --nats-url")
+    line = line.replace("--subject-prefix shop", f"--subject-prefix {prefix}")
+    _one_event(db)
+    try:
+        before = _shell(line, tmp_path, _Url(db_url), "--until-empty")  # no stream yet
+        assert before.returncode == 1
+        assert f"no JetStream stream captures subjects '{prefix}.>'" in before.stderr
+        _python(setup.replace('"SHOP"', repr(target.name))
+                .replace('"shop.>"', repr(f"{prefix}.>")), tmp_path)
+        result = _shell(line, tmp_path, _Url(db_url), "--until-empty")
+        assert result.returncode == 0, result.stderr
+        assert target.count() == 1
+    finally:
+        target.delete()
+    assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
