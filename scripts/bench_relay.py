@@ -443,7 +443,8 @@ def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, 
             result["rates"].append({
                 "rate": rate, "events": count, "p50_ms": statistics.median(delays),
                 "p99_ms": delays[min(len(delays) - 1, int(len(delays) * 0.99))],
-                "max_ms": delays[-1]})
+                "max_ms": delays[-1],
+                "delays_ms": [round(d, 3) for d in delays]})  # for scripts/plot_benchmarks.py
             time.sleep(0.5)
         # The idle cost: a relay alone on the drained outbox, through the counting proxy,
         # once its pause has grown to the cap.
