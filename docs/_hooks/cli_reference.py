@@ -9,6 +9,7 @@ so a flag added, renamed or re-explained in the code shows here at the next buil
 from __future__ import annotations
 
 import argparse
+import html
 import re
 from typing import Any, Iterator
 
@@ -24,7 +25,9 @@ def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, ar
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell of argparse's text: HTML and Markdown's own characters taken literally."""
+    text = html.escape(" ".join(text.split()), quote=False)
+    return re.sub(r"([\\`*_\[\]|])", r"\\\1", text)
 
 
 def _flags(action: argparse.Action) -> str:
@@ -46,7 +49,7 @@ def _section(path: list[str], summary: str, parser: argparse.ArgumentParser) -> 
     if summary:
         lines += [f"*{_cell(summary)}*", ""]
     if parser.description:
-        lines += [" ".join(parser.description.split()), ""]
+        lines += [_cell(parser.description), ""]
     lines += ["```text", parser.format_usage().strip(), "```", ""]
     rows = []
     for action in parser._actions:
@@ -78,6 +81,3 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
         return markdown
     return markdown.replace(MARKER, reference())
 
-
-def _anchor_safe(text: str) -> str:  # kept for tests that look a command up by heading
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
