@@ -27,7 +27,7 @@ from pathlib import Path
 SCRIPTS = Path(__file__).resolve().parent
 DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite", "mysql://root@127.0.0.1:3308/outbox_lite"]
 BENCH = ["--only", "commit", "--only", "claim", "--only", "claim-many", "--only", "write",
-         "--rounds", "5", "--json"]
+         "--rounds", "3", "--json"]
 LATENCY = ["--only", "latency", "--wake", "all", "--rate", "5", "--rate", "200",
            "--seconds", "10", "--idle-seconds", "5", "--json"]
 
