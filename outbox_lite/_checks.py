@@ -7,8 +7,7 @@ import datetime as dt
 import math
 from typing import Any, Callable, Iterable
 
-import peewee as pw
-
+from ._families import family_of
 from .errors import InvalidEventError
 from .models import MAX_NAME_LENGTH, to_utc
 
@@ -22,24 +21,11 @@ MAX_DURATION_SECONDS = MAX_DURATION.total_seconds()
 MAX_DURATION_TEXT = "36500 days (100 years)"
 
 
-def database(value: Any) -> pw.MySQLDatabase:
-    """The caller's Peewee database: a MySQLDatabase (or subclass) whose connections speak
-    utf8mb4, so that every character is stored and read back as it is.
-
-    Raises TypeError for another kind of database and ValueError for another character set:
-    on a 3-byte ``utf8`` connection (Peewee 3's default) the server stores a 4-byte character
-    such as an emoji as '?', and MySQL also hands JSON back through it, with no error.
-    """
-    if not isinstance(value, pw.MySQLDatabase):
-        raise TypeError(
-            "database must be a peewee MySQLDatabase (or a subclass: pooled, ReconnectMixin,"
-            f" ...) for MySQL or MariaDB, not {type(value).__name__}")
-    charset = value.connect_params.get("charset", "utf8mb4")  # PyMySQL's default
-    if str(charset).lower() != "utf8mb4":
-        raise ValueError(
-            f"the database connects with charset {charset!r}, which cannot carry 4-byte "
-            "characters (an emoji would be stored as '?'): make it with charset='utf8mb4'"
-            + (" (Peewee 3's default is utf8)" if str(charset).lower() == "utf8" else ""))
+def database(value: Any) -> Any:
+    """The caller's Peewee database, checked by its family (:func:`~outbox_lite._families.
+    family_of`, once per object): TypeError for a database no family takes; ValueError for
+    a MySQL connection whose charset is not utf8mb4 (an emoji would be stored as '?')."""
+    family_of(value)
     return value
 
 

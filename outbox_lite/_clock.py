@@ -2,7 +2,8 @@
 comes from (SPEC §1), so hosts whose own clocks disagree still agree on lock expiry, backoff
 and ages.
 
-:class:`ServerClock` reads ``SELECT UTC_TIMESTAMP(6)`` once, notes ``time.monotonic()``
+:class:`ServerClock` reads the server's clock once (its family's ``NOW``; on MySQL
+``SELECT UTC_TIMESTAMP(6)``), notes ``time.monotonic()``
 around that read, and from then on answers ``server time at the read + monotonic time since``
 with no round trip. It reads again every ``refresh`` seconds (10 by default) and whenever the
 calling thread's connection is a new one (a reconnect may have reached another server). A
@@ -22,10 +23,10 @@ from typing import Any, NamedTuple
 import peewee as pw
 
 from ._db import execute
+from ._families import family_of
 
 _UTC = dt.timezone.utc
 REFRESH_SECONDS = 10.0
-_NOW = "SELECT UTC_TIMESTAMP(6)"
 
 
 class _Anchor(NamedTuple):
@@ -47,6 +48,7 @@ class ServerClock:
         self.database = database
         self.refresh = refresh
         self.reads = 0  # round trips so far (the tests and the benchmark count them)
+        self._now = family_of(database).sql.NOW  # the family's SELECT of its clock
         self._anchor: _Anchor | None = None
         self._local = threading.local()  # the connection this thread last read on
 
@@ -84,9 +86,9 @@ class ServerClock:
 
     def _read(self) -> _Anchor:
         if self.database.is_closed():  # opening would count in the round trip: open first
-            execute(self.database, _NOW, ())
+            execute(self.database, self._now, ())
         before = time.monotonic()
-        (server,) = execute(self.database, _NOW, ()).fetchone()
+        (server,) = execute(self.database, self._now, ()).fetchone()
         after = time.monotonic()
         if not isinstance(server, dt.datetime):  # a driver that hands back text
             server = dt.datetime.fromisoformat(str(server))

@@ -19,50 +19,12 @@ from typing import Dict, Iterable, NamedTuple, Optional, Tuple
 import peewee as pw
 
 from ._db import execute
-from .errors import SchemaError, driver_errno
+from ._families import family_of
+from .errors import SchemaError
 
-_EXACT = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
 _MIGRATE = "run: outbox-lite migrate"
-
-
-class _Column(NamedTuple):
-    definition: str  # as ALTER TABLE … MODIFY would give it
-    kind: str  # what information_schema's column_type must start with
-    exact: bool  # compared exactly: collation utf8mb4_bin
-    migrated: bool = False  # a migration makes it as wanted: repaired by ``migrate``
-
-
-_INSTANT = "datetime(6)"
-#: What each table needs, column by column (the migrations' result).
-NEEDED: dict[str, dict[str, _Column]] = {
-    "outbox_event": {
-        "id": _Column("BIGINT NOT NULL AUTO_INCREMENT", "bigint", False),
-        "event_type": _Column("VARCHAR(255) NOT NULL", "varchar(255)", False),
-        "aggregate_type": _Column(f"VARCHAR(255) {_EXACT} NOT NULL", "varchar(255)", True,
-                                  True),
-        "aggregate_id": _Column(f"VARCHAR(255) {_EXACT} NOT NULL", "varchar(255)", True, True),
-        "dedupe_key": _Column(f"VARCHAR(255) {_EXACT} NOT NULL", "varchar(255)", True),
-        "payload": _Column("JSON NOT NULL", "", False),
-        "status": _Column("VARCHAR(16) NOT NULL DEFAULT 'pending'", "varchar(16)", False),
-        "attempt_count": _Column("INT UNSIGNED NOT NULL DEFAULT 0", "int", False),
-        "available_at": _Column("DATETIME(6) NOT NULL", _INSTANT, False),
-        "locked_at": _Column("DATETIME(6) NULL", _INSTANT, False),
-        "locked_by": _Column(f"VARCHAR(255) {_EXACT} NULL", "varchar(255)", True),
-        "published_at": _Column("DATETIME(6) NULL", _INSTANT, False),
-        "last_error_code": _Column(f"VARCHAR(64) {_EXACT} NULL", "varchar(64)", True, True),
-        "last_error_message": _Column("TEXT NULL", "text", False),
-        "created_at": _Column("DATETIME(6) NOT NULL", _INSTANT, False),
-        "updated_at": _Column("DATETIME(6) NOT NULL", _INSTANT, False),
-    },
-    "inbox_message": {
-        "consumer": _Column(f"VARCHAR(64) {_EXACT} NOT NULL", "varchar(64)", True),
-        "message_id": _Column(f"VARCHAR(704) {_EXACT} NOT NULL", "varchar(704)", True),
-        "received_at": _Column("DATETIME(6) NOT NULL", _INSTANT, False),
-    },
-}
-_READ = ("SELECT table_name, column_name, column_type, collation_name"
-         " FROM information_schema.columns WHERE table_schema = DATABASE()"
-         f" AND table_name IN ({', '.join(['%s'] * len(NEEDED))})")
+#: The tables outbox_lite makes (each family says what their columns must be).
+TABLES = ("outbox_event", "inbox_message")
 
 Columns = Dict[str, Dict[str, Tuple[str, Optional[str]]]]  # table -> column -> (type, collation)
 
@@ -81,7 +43,7 @@ _FOUND: weakref.WeakKeyDictionary[pw.Database, _Found] = weakref.WeakKeyDictiona
 _LOCK = threading.Lock()
 
 
-def check(database: pw.Database, tables: Iterable[str] = tuple(NEEDED)) -> None:
+def check(database: pw.Database, tables: Iterable[str] = TABLES) -> None:
     """Raise SchemaError unless ``tables`` of ``database`` are as outbox_lite needs them.
 
     The first call for a database object costs one ``information_schema`` query (and one
@@ -114,8 +76,11 @@ def forget(database: pw.Database) -> None:
 
 
 def _read(database: pw.Database) -> Columns:
-    columns: Columns = {table: {} for table in NEEDED}
-    for table, column, kind, collation in execute(database, _READ, tuple(NEEDED)).fetchall():
+    columns: Columns = {table: {} for table in TABLES}
+    family = family_of(database)
+    read = family.sql.SCHEMA_COLUMNS
+    for table, column, kind, collation in execute(database, *read.bind(
+            {"tables": family.id_list(TABLES)})).fetchall():
         columns[str(table)][str(column)] = (str(kind).lower(), collation and str(collation))
     return columns
 
@@ -127,7 +92,10 @@ def _problem(database: pw.Database, table: str,
     wrong: list[str] = []
     repairs: list[str] = []
     migrate = False
-    for name, needed in NEEDED[table].items():
+    family = family_of(database)
+    exact = family.exact_collation
+    instant = family.instant_type
+    for name, needed in family.schema_columns[table].items():
         if name not in found:
             if not found:  # a table the user sees no column of: nothing to compare
                 return None
@@ -135,13 +103,13 @@ def _problem(database: pw.Database, table: str,
             repairs.append(f"ADD COLUMN {name} {needed.definition}")
             continue
         kind, collation = found[name]
-        if needed.kind == _INSTANT and kind != _INSTANT:
-            wrong.append(f"{name} is {kind}, not datetime(6) (its instants would lose their "
+        if needed.kind == instant and kind != instant:
+            wrong.append(f"{name} is {kind}, not {instant} (its instants would lose their "
                          "microseconds)")
         elif needed.kind and not kind.startswith(needed.kind):
             wrong.append(f"{name} is {kind}, not {needed.kind}")
-        elif needed.exact and collation != "utf8mb4_bin":
-            wrong.append(f"{name} compares by {collation}, not exactly (utf8mb4_bin)")
+        elif needed.exact and collation != exact:
+            wrong.append(f"{name} compares by {collation}, not exactly ({exact})")
             if needed.migrated:
                 migrate = True
                 continue
@@ -160,10 +128,11 @@ def _problem(database: pw.Database, table: str,
 def _exists(database: pw.Database, table: str) -> bool:
     """Whether ``table`` exists though information_schema shows none of its columns; raises
     the server's 1142 for a user who may not read it."""
+    family = family_of(database)
     try:
-        execute(database, f"SELECT 1 FROM `{table}` LIMIT 0", ())
+        execute(database, family.sql.TABLE_PROBES[table], ())
     except (pw.ProgrammingError, pw.OperationalError) as exc:
-        if driver_errno(exc) == 1146:  # ER_NO_SUCH_TABLE
+        if family.missing_table(exc):
             return False
         raise
     return True
@@ -173,7 +142,7 @@ def check_visible(database: pw.Database) -> None:
     """:func:`check` afresh, of the tables the user may see (what ``migrate`` checks after
     migrating: a user may run it to check, with grants on one table only); not cached."""
     forget(database)
-    visible = [table for table in NEEDED if _visible(database, table)]
+    visible = [table for table in TABLES if _visible(database, table)]
     try:
         check(database, visible)
     finally:
@@ -184,7 +153,7 @@ def _visible(database: pw.Database, table: str) -> bool:
     try:
         _exists(database, table)
     except (pw.ProgrammingError, pw.OperationalError) as exc:
-        if driver_errno(exc) in (1142, 1143):  # denied
+        if family_of(database).denied(exc):
             return False
         raise
     return True

@@ -26,7 +26,7 @@ from typing import Any
 
 import peewee as pw
 
-from ._server import Server
+from ._families import family_of
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,9 @@ class Session:
 
     autocommit: bool
     isolation: str
-    #: The server, as the connection's handshake named it (no statement asked).
-    server: Server
+    #: The server, as the connection's handshake named it (no statement asked): the family's
+    #: description of it (for MySQL, :class:`~outbox_lite._families.mysql_server.Server`).
+    server: Any
 
 
 _sessions: "weakref.WeakKeyDictionary[Any, Session]" = weakref.WeakKeyDictionary()
@@ -65,11 +66,9 @@ def _connection(database: pw.Database) -> Any:
 
 def _ask(database: pw.Database) -> tuple[Any, Session]:
     """Ask the server about the calling thread's connection: one round trip."""
-    server = Server(str(_connection(database).server_version))
-    row = database.execute_sql(
-        f"SELECT @@SESSION.autocommit, @@SESSION.{server.isolation_variable}").fetchone()
-    session = Session(autocommit=bool(int(row[0])), isolation=level(str(row[1])),
-                      server=server)
+    autocommit, isolation, server = family_of(database).ask_session(
+        database, _connection(database))
+    session = Session(autocommit=autocommit, isolation=level(isolation), server=server)
     conn = database.connection()  # the one that answered (ReconnectMixin may replace one)
     with _lock:
         _sessions[conn] = session
@@ -87,7 +86,7 @@ def prepare(database: pw.Database) -> Any:
     if session is None:
         conn, session = _ask(database)
     if not session.autocommit and not database.in_transaction():
-        database.execute_sql("SET autocommit = 1")
+        database.execute_sql(family_of(database).sql.AUTOCOMMIT_ON)
         session.autocommit = True
         _warn(database)
     return conn

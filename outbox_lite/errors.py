@@ -44,21 +44,16 @@ class DuplicateEventError(OutboxError):
 
 
 class LockConflictError(OutboxError):
-    """The server ended a statement with a deadlock (1213) or a lock-wait timeout (1205).
+    """The server ended a statement with a lock conflict: on MySQL and MariaDB a deadlock
+    (1213) or a lock-wait timeout (1205).
 
     The server rolled back the statement (deadlock: the whole transaction), so the caller
-    retries the whole unit of work in a new transaction. ``errno`` says which it was.
+    retries the whole unit of work in a new transaction. ``errno`` says which it was (the
+    server's error number, or its SQLSTATE where it has no numbers).
     """
 
     retryable = True
 
-    def __init__(self, errno: int, message: str) -> None:
+    def __init__(self, errno: int | str, message: str, server: str = "MySQL") -> None:
         self.errno = errno
-        super().__init__(f"MySQL error {errno}: {message}; retry the transaction")
-
-
-def driver_errno(exc: BaseException) -> int | None:
-    """The MySQL error number behind a Peewee or PyMySQL exception, or None."""
-    orig = getattr(exc, "orig", exc)
-    args = getattr(orig, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
+        super().__init__(f"{server} error {errno}: {message}; retry the transaction")

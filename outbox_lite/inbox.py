@@ -47,7 +47,8 @@ import peewee as pw
 from . import _checks, _schema
 from ._clock import server_clock
 from ._db import execute
-from .errors import OutboxError, TransactionRequiredError, driver_errno
+from ._families import family_of
+from .errors import OutboxError, TransactionRequiredError
 
 __all__ = ["Inbox", "MAX_CONSUMER_LENGTH", "MAX_MESSAGE_ID_LENGTH", "TABLE_NAME",
            "count_older_than", "purge"]
@@ -60,12 +61,6 @@ TABLE_NAME = "inbox_message"
 MAX_CONSUMER_LENGTH = 64
 MAX_MESSAGE_ID_LENGTH = 704
 
-_INSERT = f"INSERT INTO {TABLE_NAME} (consumer, message_id, received_at) VALUES (%s, %s, %s)"
-_BY_AGE = f"{TABLE_NAME} FORCE INDEX (ix_{TABLE_NAME}_received_at)"
-# Multi-table form: a single-table DELETE takes no index hint, and by primary key each row
-# is a record lock with no gap (a range on received_at would lock gaps new records go into).
-_DELETE = (f"DELETE m FROM {TABLE_NAME} AS m FORCE INDEX (PRIMARY)"
-           " WHERE m.consumer = %s AND m.message_id IN ({ids}) AND m.received_at < %s")
 _CONSUMER = operator.itemgetter(1)
 
 
@@ -90,6 +85,7 @@ class Inbox:
     def __init__(self, database: pw.Database, consumer: str, *,
                  clock: Callable[[], dt.datetime] | None = None) -> None:
         self.database = _checks.database(database)
+        self._family = family_of(self.database)
         self.consumer = _consumer(consumer)
         self._now = _reader(self.database, clock)
         self.clock = server_clock(self.database) if clock is None else clock
@@ -120,10 +116,12 @@ class Inbox:
         if not self._schema_checked:
             _schema.check(self.database, (TABLE_NAME,))
             self._schema_checked = True
+        insert = self._family.sql.INBOX_INSERT
         try:
-            execute(self.database, _INSERT, (self.consumer, message_id, self._now()))
+            execute(self.database, insert, insert.params(
+                {"consumer": self.consumer, "message_id": message_id, "now": self._now()}))
         except pw.IntegrityError as exc:
-            if driver_errno(exc) == 1062:  # the primary key, the table's one unique key
+            if self._family.duplicate_key(exc) is not None:  # the table's one unique key
                 return False
             raise
         return True
@@ -170,30 +168,26 @@ def purge(database: pw.Database, older_than: dt.timedelta | float, *,
     batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
     cutoff, consumer = _cutoff(database, older_than, consumer, clock)
     _schema.check(database, (TABLE_NAME,))
-    where = "received_at < %s"
-    params: list[Any] = [cutoff]
-    if consumer is not None:
-        where += " AND consumer = %s"
-        params.append(consumer)
-    # Pages in received_at order (ORDER BY the key columns too would sort the whole range on
-    # both servers), each starting at the previous page's last instant: the rows of that
-    # page are deleted, so a fresh read skips them, and the index is walked once.
-    select = f"SELECT received_at, consumer, message_id FROM {_BY_AGE} WHERE {where}"
+    family = family_of(database)
+    sql = family.sql
+    # Pages in received_at order, each starting at the previous page's last instant: the
+    # rows of that page are deleted, so a fresh read skips them, and the index is walked once.
+    first, later = ((sql.INBOX_OLD, sql.INBOX_OLD_SINCE) if consumer is None else
+                    (sql.INBOX_OLD_OF, sql.INBOX_OLD_OF_SINCE))
+    values: dict[str, Any] = {"cutoff": cutoff, "consumer": consumer, "size": batch_size}
     deleted = 0
-    since: dt.datetime | None = None
+    statement = first
     while True:
-        statement, args = select, list(params)
-        if since is not None:
-            statement, args = statement + " AND received_at >= %s", [*args, since]
-        page = execute(database, statement + " ORDER BY received_at LIMIT %s",
-                       (*args, batch_size)).fetchall()
+        page = execute(database, statement, statement.params(values)).fetchall()
         for name, rows in itertools.groupby(sorted(page, key=_CONSUMER), key=_CONSUMER):
-            ids = [row[2] for row in rows]
-            deleted += execute(database, _DELETE.format(ids=", ".join(["%s"] * len(ids))),
-                               (name, *ids, cutoff)).rowcount
+            ids = family.id_list([row[2] for row in rows])
+            delete = sql.INBOX_DELETE
+            deleted += execute(database, *delete.bind(
+                {"consumer": name, "ids": ids, "cutoff": cutoff})).rowcount
         if len(page) < batch_size:
             break
-        since = page[-1][0]
+        statement = later
+        values["since"] = page[-1][0]
     if deleted:
         logger.info("purged %s inbox records", deleted)
     return deleted
@@ -207,9 +201,7 @@ def count_older_than(database: pw.Database, older_than: dt.timedelta | float, *,
     database = _checks.database(database)
     cutoff, consumer = _cutoff(database, older_than, consumer, clock)
     _schema.check(database, (TABLE_NAME,))
-    statement = f"SELECT COUNT(*) FROM {_BY_AGE} WHERE received_at < %s"
-    params: list[Any] = [cutoff]
-    if consumer is not None:
-        statement += " AND consumer = %s"
-        params.append(consumer)
-    return int(execute(database, statement, params).fetchone()[0])
+    sql = family_of(database).sql
+    statement = sql.INBOX_COUNT_OLD if consumer is None else sql.INBOX_COUNT_OLD_OF
+    return int(execute(database, statement, statement.params(
+        {"cutoff": cutoff, "consumer": consumer})).fetchone()[0])

@@ -31,7 +31,8 @@ from peewee_migrate import Router
 from peewee_migrate.models import MigrateHistory
 
 from . import _schema
-from .errors import SchemaError, driver_errno
+from ._families import family_of
+from .errors import SchemaError
 from .models import HISTORY_TABLE
 
 __all__ = ["HISTORY_TABLE", "applied", "migrate", "migrations_dir", "rollback"]
@@ -114,11 +115,12 @@ class _Router(Router):
         """Whether a table outbox_lite made is hidden from this user (no privilege on it):
         information_schema then shows nothing of it, so a probe's "not in place" may be
         untrue, and the history is trusted."""
+        family = family_of(self.database)
         for table in ("outbox_event", "inbox_message"):
             try:
-                self.database.execute_sql(f"SELECT 1 FROM `{table}` LIMIT 0")
+                self.database.execute_sql(family.sql.TABLE_PROBES[table])
             except (pw.ProgrammingError, pw.OperationalError) as exc:
-                if driver_errno(exc) in (1142, 1143):  # denied: the user cannot know
+                if family.denied(exc):  # the user cannot know
                     return True
         return False
 
@@ -172,10 +174,11 @@ def _has_history(database: Any) -> bool:
     it (information_schema lists only the tables a user holds a privilege on)."""
     if database.table_exists(HISTORY_TABLE):
         return True
+    family = family_of(database)
     try:
-        database.execute_sql(f"SELECT 1 FROM `{HISTORY_TABLE}` LIMIT 0")
+        database.execute_sql(family.sql.TABLE_PROBES[HISTORY_TABLE])
     except (pw.ProgrammingError, pw.OperationalError) as exc:
-        if driver_errno(exc) == 1146:  # ER_NO_SUCH_TABLE: told only to a user who may know
+        if family.missing_table(exc):  # told only to a user who may know
             return False
         raise
     return True

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Protocol, Sequence
 
 from . import _checks, wake as _wake
-from . import _sql as sql
+from ._families import family_of
 from ._clock import ServerClock
 from ._db import CONNECTION_ERRORS, _drop, execute, is_connection_error, reconnect
 from ._session import claim_transaction
@@ -279,6 +279,7 @@ class Relay:
         self.metrics = metrics
         self.stats = RelayStats()
         self._database = repository.database
+        self._family = family_of(self._database)
         self._heartbeat = _Heartbeat(repository, self.worker_id, self.heartbeat, self.stats,
                                      give_up_after=self.stuck_after)
         self._next_release = 0.0
@@ -457,12 +458,12 @@ class Relay:
         mid-statement is dropped first, and the server is let finish what it was doing on
         it (a COMMIT whose answer was never read)."""
         conn = getattr(getattr(self._database, "_state", None), "conn", None)
-        thread_id = getattr(conn, "thread_id", None)
-        old = thread_id() if callable(thread_id) else None
+        old = None if conn is None else self._family.session_id(conn)
         reconnect(self._database)
         deadline = time.monotonic() + 10.0
+        alive = self._family.sql.SESSION_ALIVE
         while old is not None and time.monotonic() < deadline and execute(
-                self._database, sql.SESSION_ALIVE, (old,)).fetchone()[0]:
+                self._database, alive, alive.params({"session": old})).fetchone()[0]:
             time.sleep(0.01)
         return len(self.repository.held_by(self.worker_id))
 
@@ -597,9 +598,10 @@ class Relay:
         ids = [e.id for e in events]
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
-            statement = sql.OUTCOME_STATES.format(ids=sql.placeholders(len(chunk)))
-            rows.update((row[0], tuple(row[1:]))
-                        for row in execute(self._database, statement, chunk).fetchall())
+            statement = self._family.sql.OUTCOME_STATES
+            rows.update((row[0], tuple(row[1:])) for row in execute(
+                self._database, *statement.bind({"ids": self._family.id_list(chunk)}))
+                .fetchall())
 
         def state(event: OutboxEvent) -> str:
             status, locked_by, attempts, _code = rows.get(event.id, (None, None, -1, None))

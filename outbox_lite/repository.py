@@ -1,7 +1,8 @@
 """OutboxRepository: record events in the caller's transaction, hand them out, record outcomes.
 
-The statements and the locking rules they follow are in :mod:`outbox_lite._sql`; this module
-checks arguments, runs them and reads the results. ``claim_batch`` locks candidates by primary
+The statements and the locking rules they follow are the database's family's
+(:mod:`outbox_lite._families`, chosen once per database); this module checks arguments, runs
+them by name and reads the results. ``claim_batch`` locks candidates by primary
 key with ``FOR UPDATE SKIP LOCKED``, so workers skip each other's rows instead of waiting.
 
 The repository never begins, commits or rolls back anything: the caller owns the transaction.
@@ -19,17 +20,15 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import peewee as pw
 
-from . import _checks, _packet, _schema, _session, wake as _wake
-from . import _sql as sql
+from . import _checks, _schema, _session, wake as _wake
 from ._clock import server_clock
 from ._db import execute
+from ._families import Statement, family_of
 from .backoff import Backoff
 from .errors import (
-    DuplicateEventError,
     InvalidEventError,
     IsolationLevelError,
     TransactionRequiredError,
-    driver_errno,
 )
 from .models import (
     COLUMNS,
@@ -50,8 +49,7 @@ Clock = Callable[[], dt.datetime]
 _CHUNK = 500  # ids per IN (…) list
 _AVAILABLE_AT = operator.itemgetter(COLUMNS.index("available_at"))
 _UTC = dt.timezone.utc
-#: Levels at which INSERT … WHERE NOT EXISTS reads without locking, on both servers.
-_ONE_STATEMENT_LEVELS = frozenset({"READ COMMITTED", "READ UNCOMMITTED"})
+_PENDING, _PROCESSING = OutboxStatus.PENDING.value, OutboxStatus.PROCESSING.value
 
 
 @dataclass(frozen=True)
@@ -77,10 +75,6 @@ class OutboxStats:
 def _chunks(ids: list[int]) -> Iterator[list[int]]:
     for start in range(0, len(ids), _CHUNK):
         yield ids[start:start + _CHUNK]
-
-
-def _with_ids(statement: str, ids: Sequence[int]) -> str:
-    return statement.format(ids=sql.placeholders(len(ids)))
 
 
 class _Unreadable(Exception):
@@ -144,6 +138,9 @@ class OutboxRepository:
         wake: str | None = None,
     ) -> None:
         self.database = _checks.database(database)
+        self._family = family_of(self.database)
+        #: The family's statements, by the names every family gives them.
+        self._sql = self._family.sql
         #: The wake-up server's source (None: in-process wake-ups only).
         self.wake = _wake.wake_source(wake, self.database)
         self._wake_key = _wake.database_key(self.database)
@@ -179,13 +176,17 @@ class OutboxRepository:
                 f"{method}() must run inside the caller's transaction "
                 "(with database.atomic(): ...)")
 
-    def _execute(self, sql: str, params: Sequence[Any]) -> Any:
+    def _execute(self, statement: str, params: Sequence[Any]) -> Any:
         """Run one statement; lock conflicts and lost connections become our errors
         (:func:`outbox_lite._db.execute`, shared with the inbox). The first one checks the
         table first (SchemaError when it is not as the migrations make it)."""
         if not self._schema_checked:
             self._check_schema()
-        return execute(self.database, sql, params)
+        return execute(self.database, statement, params)
+
+    def _run(self, statement: Statement, **values: Any) -> Any:
+        """:meth:`_execute` of one of the family's statements, its parameters by name."""
+        return self._execute(*statement.bind(values))
 
     def _check_schema(self) -> None:
         if not self._schema_checked:
@@ -219,19 +220,19 @@ class OutboxRepository:
         return event
 
     def _events(self, rows: Sequence[Sequence[Any]], changes: dict[str, Any] | None,
-                dead_letter: str, params: Callable[[int, str, str], Sequence[Any]],
-                ) -> list[OutboxEvent]:
+                dead_letter: Statement, **values: Any) -> list[OutboxEvent]:
         """The events of ``rows`` whose payload reads as JSON. Each other row becomes its own
-        dead letter through ``dead_letter`` (a compare-and-set UPDATE run with
-        ``params(id, code, message)``), logged as a warning: a row nobody can read never
-        stops the rows behind it."""
+        dead letter through ``dead_letter`` (a compare-and-set UPDATE run with ``values``
+        and the row's id, code and message), logged as a warning: a row nobody can read
+        never stops the rows behind it."""
         events = []
         for row in rows:
             try:
                 events.append(self._event(row, changes))
             except _Unreadable as unreadable:
                 code, message = unreadable.args
-                changed = self._execute(dead_letter, params(row[0], code, message)).rowcount
+                changed = self._run(dead_letter, id=row[0], code=code, message=message,
+                                    **values).rowcount
                 logger.warning("outbox event %s is a dead letter (%s): %s%s", row[0], code,
                                message, "" if changed else " (it had changed meanwhile)")
         return events
@@ -253,8 +254,8 @@ class OutboxRepository:
         Raises TransactionRequiredError outside a transaction, InvalidEventError (or a
         PayloadError) for bad input, both before any SQL (a payload whose INSERT the server's
         ``max_allowed_packet`` would refuse too: the limit is read once per connection, see
-        :mod:`outbox_lite._packet`), SchemaError at the first statement when the table is not
-        as the migrations make it, and DuplicateEventError when
+        :mod:`outbox_lite._families.mysql_packet`), SchemaError at the first statement when
+        the table is not as the migrations make it, and DuplicateEventError when
         ``dedupe_key`` exists (the caller's transaction stays usable, and a duplicate that
         had committed holds up no other writer's event: see "How it locks" in the README).
         On a connection the library has used before (and with the server's clock read in
@@ -283,34 +284,20 @@ class OutboxRepository:
                                                                       available_at)
         now = self._now()
         available = now if given_at is None else given_at
-        params = (event_type, aggregate_type, aggregate_id, dedupe_key, body, available, now, now)
+        values = {"event_type": event_type, "aggregate_type": aggregate_type,
+                  "aggregate_id": aggregate_id, "dedupe_key": dedupe_key, "payload": body,
+                  "available_at": available, "created_at": now, "updated_at": now}
         self._check_schema()
-        statement, read_first = sql.INSERT, False
-        if given_key:
-            statement, params, read_first = self._dedupe_write(params)
-        _packet.check_insert(_packet.packet_limit(self.database), statement, payload, body,
-                             params)
-        if read_first and self._execute(sql.DEDUPE_KEY_TAKEN, (dedupe_key,)).fetchone():
-            raise DuplicateEventError(dedupe_key)  # committed before: found without a lock
-        try:
-            cursor = self._execute(statement, params)
-        except pw.IntegrityError as exc:
-            if driver_errno(exc) == 1062 and "dedupe_key" in str(exc):
-                raise DuplicateEventError(dedupe_key) from exc
-            raise
-        except pw.OperationalError as exc:
-            refused = _packet.refused(exc)
-            if refused is not None:
-                raise refused from exc
-            raise
-        if cursor.rowcount == 0:  # INSERT_UNLESS_TAKEN found the key committed
-            raise DuplicateEventError(dedupe_key)
+        isolation = _session.transaction_isolation(self.database) if given_key else ""
+        event_id = self._family.write_event(self.database, values, given_key=given_key,
+                                            isolation=isolation, payload=payload,
+                                            execute=self._execute)
         self._ring()
         created = now.replace(tzinfo=_UTC)
         return self._instance({
-            "id": cursor.lastrowid, "event_type": event_type, "aggregate_type": aggregate_type,
+            "id": event_id, "event_type": event_type, "aggregate_type": aggregate_type,
             "aggregate_id": aggregate_id, "dedupe_key": dedupe_key, "payload": payload,
-            "status": sql.PENDING, "attempt_count": 0,
+            "status": _PENDING, "attempt_count": 0,
             "available_at": created if available_at is None else available.replace(
                 tzinfo=_UTC),
             "locked_at": None, "locked_by": None, "published_at": None,
@@ -335,19 +322,6 @@ class OutboxRepository:
         except Exception:  # noqa: BLE001 - the poll is the safety net
             logger.exception("waking the relays failed; they will poll")
 
-    def _dedupe_write(self, params: tuple[Any, ...]) -> tuple[str, tuple[Any, ...], bool]:
-        """How to write an event with the caller's ``dedupe_key`` (params[3]) so that a
-        refused duplicate holds up no other writer's event: (statement, its params, whether
-        the lock-free read :data:`~outbox_lite._sql.DEDUPE_KEY_TAKEN` goes first). One
-        statement at READ COMMITTED or READ UNCOMMITTED; the read, then the INSERT, at
-        REPEATABLE READ or SERIALIZABLE, where a refused INSERT would hold up other writers on
-        either server (the measurements are in :mod:`outbox_lite._sql`). Asks the server
-        nothing: the level is known per connection (:mod:`._session`)."""
-        level = _session.transaction_isolation(self.database)
-        if level in _ONE_STATEMENT_LEVELS:
-            return sql.INSERT_UNLESS_TAKEN, (*params, params[3]), False
-        return sql.INSERT, params, True
-
     # -- claiming -----------------------------------------------------------------------
 
     def find_dispatchable(self, limit: int = 100) -> list[OutboxEvent]:
@@ -357,9 +331,8 @@ class OutboxRepository:
         UPDATE (``payload_too_large`` or ``payload_not_json``), logged as a warning."""
         limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
         now = self._now()
-        rows = self._execute(sql.FIND_DISPATCHABLE, (now, limit)).fetchall()
-        return self._events(rows, None, sql.UNREADABLE_PENDING,
-                            lambda event_id, code, message: (code, message, now, event_id))
+        rows = self._run(self._sql.FIND_DISPATCHABLE, now=now, limit=limit).fetchall()
+        return self._events(rows, None, self._sql.UNREADABLE_PENDING, now=now)
 
     def mark_processing(self, event_id: int, locked_by: str) -> bool:
         """Claim one dispatchable event for ``locked_by`` (compare-and-set).
@@ -371,7 +344,8 @@ class OutboxRepository:
         event_id = _checks.event_id(event_id)
         locked_by = _checks.name("locked_by", locked_by)
         now = self._now()
-        cursor = self._execute(sql.MARK_PROCESSING, (locked_by, now, now, event_id, now))
+        cursor = self._run(self._sql.MARK_PROCESSING, locked_by=locked_by, now=now,
+                           id=event_id)
         return cursor.rowcount == 1
 
     def claim_batch(self, locked_by: str, limit: int = 100, *,
@@ -402,57 +376,52 @@ class OutboxRepository:
         now = self._now()
         wanted = limit * self.claim_window
         pages = (self._heads(now, wanted) if ordered else
-                 self._pages(sql.BY_STATUS, sql.DISPATCHABLE, (now,), "available_at", wanted))
+                 self._pages(self._sql.DISPATCHABLE_PAGES, wanted, now=now))
         claimed: list[Sequence[Any]] = []
         for ids in pages:
-            claimed.extend(self._execute(_with_ids(sql.LOCK_CANDIDATES, ids),
-                                         (*ids, now, limit - len(claimed))).fetchall())
+            claimed.extend(self._run(self._sql.LOCK_CANDIDATES, ids=self._family.id_list(ids),
+                                     now=now, limit=limit - len(claimed)).fetchall())
             if len(claimed) >= limit:
                 break
         if not claimed:
             return []
         ids = [row[0] for row in claimed]
-        self._execute(_with_ids(sql.CLAIM, ids), (locked_by, now, now, *ids))
+        self._run(self._sql.CLAIM, locked_by=locked_by, now=now, ids=self._family.id_list(ids))
         # Rows come in id order; a stable sort on available_at makes it (available_at, id).
         claimed.sort(key=_AVAILABLE_AT)
         aware_now = now.replace(tzinfo=_UTC)
-        changes = {"status": sql.PROCESSING, "locked_by": locked_by, "locked_at": aware_now,
+        changes = {"status": _PROCESSING, "locked_by": locked_by, "locked_at": aware_now,
                    "updated_at": aware_now}
-        events = self._events(claimed, changes, sql.FAILED_FOR_GOOD,
-                              lambda event_id, code, message: (
-                                  code, message, now, event_id, locked_by))
+        events = self._events(claimed, changes, self._sql.FAILED_FOR_GOOD, now=now,
+                              locked_by=locked_by)
         for event in events:
             event.__data__["attempt_count"] += 1
         return events
 
-    def _pages(self, source: str, where: str, params: Sequence[Any], key: str, size: int,
-               *, caller_changes_rows: bool = False) -> Iterator[list[int]]:
-        """Ids of the rows matching ``where``, ordered by (``key``, id), ``size`` at a time.
+    def _pages(self, pages: Any, size: int, *, caller_changes_rows: bool = False,
+               **values: Any) -> Iterator[list[int]]:
+        """Ids of the rows ``pages`` (the family's keyset read: first page, next page, a
+        row's key) finds with ``values``, in (key, id) order, ``size`` at a time.
 
         A lock-free read, paged by key set rather than OFFSET, so it ends even when the rows
         it returned stay as they were (a caller's REPEATABLE READ snapshot never changes).
         Only ids travel; the last row's key is read when another page is wanted, or before
         the caller changes that row when ``caller_changes_rows``.
         """
-        after: tuple[Any, int] | None = None
+        statement = pages.first
         while True:
-            statement = f"SELECT id FROM {source} WHERE {where}"
-            args = list(params)
-            if after is not None:
-                statement += f" AND ({key} > %s OR ({key} = %s AND id > %s))"
-                args += [after[0], after[0], after[1]]
-            statement += f" ORDER BY {key}, id LIMIT %s"
-            ids = [row[0] for row in self._execute(statement, (*args, size)).fetchall()]
+            ids = [row[0] for row in self._run(statement, size=size, **values).fetchall()]
             if len(ids) < size:
                 if ids:
                     yield ids
                 return
+            statement = pages.next
             if caller_changes_rows:
-                after = (self._key_of(key, ids[-1]), ids[-1])
+                values.update(after_key=self._key_of(pages, ids[-1]), after_id=ids[-1])
                 yield ids
             else:
                 yield ids
-                after = (self._key_of(key, ids[-1]), ids[-1])
+                values.update(after_key=self._key_of(pages, ids[-1]), after_id=ids[-1])
 
     def _heads(self, now: dt.datetime, size: int) -> Iterator[list[int]]:
         """Ids of the heads of the aggregates with dispatchable events, in pages: those of
@@ -462,7 +431,7 @@ class OutboxRepository:
         locking read keeps only dispatchable ones)."""
         tried: set[int] = set()
         while True:
-            rows = self._execute(sql.HEADS, (now, size)).fetchall()
+            rows = self._run(self._sql.HEADS, now=now, size=size).fetchall()
             heads = [head for (head,) in rows if head is not None and head not in tried]
             if heads:
                 tried.update(heads)
@@ -471,8 +440,8 @@ class OutboxRepository:
                 return
             size *= 2
 
-    def _key_of(self, key: str, event_id: int) -> Any:
-        return self._execute(sql.KEY_OF.format(key=key), (event_id,)).fetchone()[0]
+    def _key_of(self, pages: Any, event_id: int) -> Any:
+        return self._run(pages.key_of, id=event_id).fetchone()[0]
 
     # -- outcomes -----------------------------------------------------------------------
 
@@ -485,7 +454,8 @@ class OutboxRepository:
         event_id = _checks.event_id(event_id)
         locked_by = _checks.name("locked_by", locked_by)
         now = self._now()
-        return self._execute(sql.MARK_PUBLISHED, (now, now, event_id, locked_by)).rowcount == 1
+        return self._run(self._sql.MARK_PUBLISHED, now=now, id=event_id,
+                         locked_by=locked_by).rowcount == 1
 
     def mark_published_many(self, event_ids: Iterable[int], locked_by: str) -> int:
         """:meth:`mark_published` for many events in one statement (per 500 ids), with the
@@ -496,8 +466,8 @@ class OutboxRepository:
         ids = _checks.event_ids(event_ids)
         locked_by = _checks.name("locked_by", locked_by)
         now = self._now()
-        return sum(self._execute(_with_ids(sql.MARK_PUBLISHED_MANY, chunk),
-                                 (now, now, *chunk, locked_by)).rowcount
+        return sum(self._run(self._sql.MARK_PUBLISHED_MANY, now=now, locked_by=locked_by,
+                             ids=self._family.id_list(chunk)).rowcount
                    for chunk in _chunks(ids))
 
     def mark_failed(self, event_id: int, locked_by: str, error_code: str, error_message: str,
@@ -518,15 +488,18 @@ class OutboxRepository:
                                        MAX_ERROR_MESSAGE_BYTES)
         retryable = _checks.flag("retryable", retryable)
         now = self._now()
-        tail = (error_code, message, now, event_id, locked_by)
+        values = {"code": error_code, "message": message, "now": now, "id": event_id,
+                  "locked_by": locked_by}
         if not retryable or self.max_attempts == 1:
-            return self._execute(sql.FAILED_FOR_GOOD, tail).rowcount == 1
+            return self._run(self._sql.FAILED_FOR_GOOD, **values).rowcount == 1
         # The retry instant depends on attempt_count, which only the row knows: precompute
         # one instant per attempt (each with its own jitter) and let the row pick.
         steps = min(self.max_attempts - 1, self.backoff.uncapped_attempts())
-        retry_at = [now + self.backoff.delay(n) for n in range(1, steps + 2)]
-        params = (self.max_attempts, *retry_at, self.max_attempts, *tail)
-        return self._execute(sql.retry_or_fail(steps), params).rowcount == 1
+        for n in range(1, steps + 1):
+            values[f"retry_{n}"] = now + self.backoff.delay(n)
+        values["retry_later"] = now + self.backoff.delay(steps + 1)
+        return self._run(self._sql.retry_or_fail(steps), max_attempts=self.max_attempts,
+                         **values).rowcount == 1
 
     def extend_locks(self, event_ids: Iterable[int], locked_by: str) -> int:
         """Renew the claims ``locked_by`` still holds on ``event_ids``: ``locked_at`` becomes
@@ -540,17 +513,10 @@ class OutboxRepository:
         ids = _checks.event_ids(event_ids)
         locked_by = _checks.name("locked_by", locked_by)
         now = self._now()
-        renewed = 0
-        for chunk in _chunks(ids):
-            changed = self._execute(_with_ids(sql.EXTEND_LOCKS, chunk),
-                                    (now, now, *chunk, locked_by)).rowcount
-            if changed < len(chunk):
-                # MySQL counts changed rows, not matched ones: a claim taken at this very
-                # instant matched without changing. Count what is held at ``now``.
-                changed = self._execute(_with_ids(sql.RENEWED, chunk),
-                                        (*chunk, locked_by, now)).fetchone()[0]
-            renewed += changed
-        return renewed
+        # The family counts what matched (MySQL's row count says what changed).
+        return sum(self._family.extend_locks(
+            {"now": now, "locked_by": locked_by, "ids": self._family.id_list(chunk)},
+            len(chunk), self._execute) for chunk in _chunks(ids))
 
     def held_by(self, locked_by: str,
                 event_ids: Iterable[int] | None = None) -> list[OutboxEvent]:
@@ -561,15 +527,14 @@ class OutboxRepository:
         :meth:`claim_batch`, and is not returned."""
         locked_by = _checks.name("locked_by", locked_by)
         if event_ids is None:
-            rows = list(self._execute(sql.HELD_BY, (locked_by,)).fetchall())
+            rows = list(self._run(self._sql.HELD_BY, locked_by=locked_by).fetchall())
         else:
             rows = [row for chunk in _chunks(_checks.event_ids(event_ids))
-                    for row in self._execute(_with_ids(sql.HELD_AMONG, chunk),
-                                             (locked_by, *chunk)).fetchall()]
+                    for row in self._run(self._sql.HELD_AMONG, locked_by=locked_by,
+                                         ids=self._family.id_list(chunk)).fetchall()]
         now = self._now()
-        return self._events(rows, None, sql.FAILED_FOR_GOOD,
-                            lambda event_id, code, message: (
-                                code, message, now, event_id, locked_by))
+        return self._events(rows, None, self._sql.FAILED_FOR_GOOD, now=now,
+                            locked_by=locked_by)
 
     # -- recovery -----------------------------------------------------------------------
 
@@ -583,37 +548,40 @@ class OutboxRepository:
         now = self._now()
         cutoff = _checks.before("lock_timeout", now, timeout)
         released = 0
-        for ids in self._pages(sql.BY_LOCKED_AT, sql.EXPIRED, (cutoff,), "locked_at", _CHUNK,
-                               caller_changes_rows=True):
-            released += self._execute(_with_ids(sql.RELEASE_EXPIRED, ids),
-                                      (self.max_attempts, now, *ids, cutoff)).rowcount
+        for ids in self._pages(self._sql.EXPIRED_PAGES, _CHUNK, caller_changes_rows=True,
+                               cutoff=cutoff):
+            released += self._run(self._sql.RELEASE_EXPIRED, max_attempts=self.max_attempts,
+                                  now=now, ids=self._family.id_list(ids),
+                                  cutoff=cutoff).rowcount
         if released:
             logger.info("released %s expired outbox claims", released)
         return released
 
     def _dead_letters(self, event_ids: Iterable[int] | None,
-                      error_code: str | None) -> tuple[Iterable[list[int]], str, tuple[str, ...]]:
-        """Pages of candidate ids for the dead-letter operations, and the code filter (SQL
-        and parameters) each statement must repeat."""
-        code_filter, code_params = "", ()  # type: tuple[str, tuple[str, ...]]
+                      error_code: str | None) -> tuple[Iterable[list[int]], dict[str, Any]]:
+        """Pages of candidate ids for the dead-letter operations, and the code filter's
+        value (``code``, when one is given) each statement must repeat."""
+        values: dict[str, Any] = {}
         if error_code is not None:
-            error_code = _checks.name("error_code", error_code, MAX_ERROR_CODE_LENGTH)
-            code_filter, code_params = sql.WITH_CODE, (error_code,)
+            values["code"] = _checks.name("error_code", error_code, MAX_ERROR_CODE_LENGTH)
         if event_ids is not None:
-            return _chunks(_checks.event_ids(event_ids)), code_filter, code_params
-        pages = self._pages(sql.BY_STATUS, sql.DEAD + code_filter, code_params, "available_at",
-                            _CHUNK, caller_changes_rows=True)
-        return pages, code_filter, code_params
+            return _chunks(_checks.event_ids(event_ids)), values
+        pages = self._pages(self._sql.DEAD_PAGES if error_code is None else
+                            self._sql.DEAD_WITH_CODE_PAGES, _CHUNK, caller_changes_rows=True,
+                            **values)
+        return pages, values
 
     def requeue_failed(self, event_ids: Iterable[int] | None = None, *,
                        error_code: str | None = None) -> int:
         """Move ``failed`` events (all, those in ``event_ids``, and/or those whose
         ``last_error_code`` is ``error_code``) back to ``pending`` with ``attempt_count = 0``,
         dispatchable now. Returns how many moved."""
-        pages, code_filter, code_params = self._dead_letters(event_ids, error_code)
+        pages, values = self._dead_letters(event_ids, error_code)
+        statement = (self._sql.REQUEUE_FAILED if error_code is None else
+                     self._sql.REQUEUE_FAILED_WITH_CODE)
         now = self._now()
-        return sum(self._execute(_with_ids(sql.REQUEUE_FAILED + code_filter, ids),
-                                 (now, now, *ids, *code_params)).rowcount
+        return sum(self._run(statement, now=now, ids=self._family.id_list(ids),
+                             **values).rowcount
                    for ids in pages)
 
     def delete_failed(self, event_ids: Iterable[int] | None, *,
@@ -623,13 +591,46 @@ class OutboxRepository:
         ``last_error_code`` is ``error_code`` when it is given. Events in any other state are
         left alone. Deleting an aggregate's dead letter lets its ordered claims go on.
         Returns how many were deleted."""
-        pages, code_filter, code_params = self._dead_letters(event_ids, error_code)
-        deleted = sum(self._execute(_with_ids(sql.DELETE_FAILED + code_filter, ids),
-                                    (*ids, *code_params)).rowcount
+        pages, values = self._dead_letters(event_ids, error_code)
+        statement = (self._sql.DELETE_FAILED if error_code is None else
+                     self._sql.DELETE_FAILED_WITH_CODE)
+        deleted = sum(self._run(statement, ids=self._family.id_list(ids), **values).rowcount
                       for ids in pages)
         if deleted:
             logger.info("deleted %s dead letters", deleted)
         return deleted
+
+    def count_dead_letters(self, event_ids: Iterable[int] | None = None, *,
+                           error_code: str | None = None) -> int:
+        """How many dead letters the selection names (all, those in ``event_ids``, and/or
+        those whose ``last_error_code`` is ``error_code``): what a dry run of
+        :meth:`requeue_failed` or :meth:`delete_failed` reports. A plain read."""
+        return int(self._dead_letter_query(event_ids, error_code).count())
+
+    def list_dead_letters(self, event_ids: Iterable[int] | None = None, *,
+                          error_code: str | None = None,
+                          limit: int = 50) -> list[OutboxEvent]:
+        """The dead letters the selection names (as :meth:`count_dead_letters`), at most
+        ``limit``, oldest id first, without their payloads (``payload`` is None). A plain
+        read that locks nothing."""
+        limit = _checks.positive_int("limit", limit)
+        model = self.model
+        query = (self._dead_letter_query(event_ids, error_code)
+                 .select(model.id, model.event_type, model.aggregate_type, model.aggregate_id,
+                         model.last_error_code, model.last_error_message,
+                         model.attempt_count, model.created_at, model.updated_at))
+        return list(query.order_by(model.id).limit(limit))
+
+    def _dead_letter_query(self, event_ids: Iterable[int] | None,
+                           error_code: str | None) -> Any:
+        model = self.model
+        query = model.select().where(model.status == OutboxStatus.FAILED.value)
+        if event_ids is not None:
+            query = query.where(model.id.in_(_checks.event_ids(event_ids)))
+        if error_code is not None:
+            error_code = _checks.name("error_code", error_code, MAX_ERROR_CODE_LENGTH)
+            query = query.where(model.last_error_code == error_code)
+        return query
 
     # -- operations ---------------------------------------------------------------------
 
@@ -644,13 +645,22 @@ class OutboxRepository:
         batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
         cutoff = _checks.before("older_than", self._now(), age)
         deleted = 0
-        for ids in self._pages(sql.BY_STATUS, sql.OLD_PUBLISHED, (cutoff,), "available_at",
-                               batch_size, caller_changes_rows=True):
-            deleted += self._execute(_with_ids(sql.PURGE_PUBLISHED, ids),
-                                     (*ids, cutoff)).rowcount
+        for ids in self._pages(self._sql.OLD_PUBLISHED_PAGES, batch_size,
+                               caller_changes_rows=True, cutoff=cutoff):
+            deleted += self._run(self._sql.PURGE_PUBLISHED, ids=self._family.id_list(ids),
+                                 cutoff=cutoff).rowcount
         if deleted:
             logger.info("purged %s published outbox events", deleted)
         return deleted
+
+    def count_purgeable(self, older_than: dt.timedelta | float) -> int:
+        """How many events :meth:`purge_published` would delete now (what a dry run
+        reports); a plain read that locks nothing."""
+        age = _checks.duration("older_than", older_than)
+        cutoff = _checks.before("older_than", self._now(), age)
+        model = self.model
+        return int(model.select().where((model.status == OutboxStatus.PUBLISHED.value)
+                                        & (model.published_at < cutoff)).count())
 
     def stats(self, lock_timeout: dt.timedelta | float | None = None) -> OutboxStats:
         """Counts per status, the oldest dispatchable event's wait, claims older than
@@ -662,13 +672,13 @@ class OutboxRepository:
         expired_before = None if timeout is None else _checks.before("lock_timeout", now,
                                                                       timeout)
         counts = {status.value: 0 for status in OutboxStatus}
-        counts.update(self._execute(sql.COUNT_BY_STATUS, ()).fetchall())
-        oldest = self._execute(sql.OLDEST_DISPATCHABLE, (now,)).fetchone()[0]
+        counts.update(self._run(self._sql.COUNT_BY_STATUS).fetchall())
+        oldest = self._run(self._sql.OLDEST_DISPATCHABLE, now=now).fetchone()[0]
         expired = None
         if expired_before is not None:
-            expired = self._execute(sql.COUNT_EXPIRED, (expired_before,)).fetchone()[0]
-        dead = dict(self._execute(sql.DEAD_BY_CODE, ()).fetchall())
-        held_back = self._execute(sql.HELD_BACK, ()).fetchone()[0] if dead else 0
+            expired = self._run(self._sql.COUNT_EXPIRED, cutoff=expired_before).fetchone()[0]
+        dead = dict(self._run(self._sql.DEAD_BY_CODE).fetchall())
+        held_back = self._run(self._sql.HELD_BACK).fetchone()[0] if dead else 0
         return OutboxStats(counts=counts,
                            oldest_pending_age=None if oldest is None else now - oldest,
                            expired_claims=expired, dead_letters_by_code=dead,

@@ -21,11 +21,11 @@ import textwrap
 from typing import Any, Callable, NoReturn, Sequence
 
 import peewee as pw
-import pymysql
 
 from .. import __version__, _signals
 from .._db import DatabaseExistsError, DatabaseUrl, DatabaseUrlError, tls_failure
-from ..errors import OutboxError, driver_errno
+from .._families import driver_errors
+from ..errors import OutboxError
 from ..models import HISTORY_TABLE
 from ..payload import redact
 from . import events, inbox, relay
@@ -36,18 +36,6 @@ __all__ = ["build_parser", "main", "version_line"]
 
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a command ended by SIGPIPE (128 + 13)
 
-_SERVER_ERRORS = {
-    1044: "access denied to database {url.name} for user {url.user}",
-    1045: "access denied for user {url.user} (check the user and password)",
-    1698: "access denied for user {url.user} (check the user and password)",
-    1049: "database {url.name} does not exist (run: outbox-lite migrate)",
-    1146: "table outbox_event is missing in {url.name} (run: outbox-lite migrate)",
-    2003: "cannot reach the MySQL server at {url.host}:{url.port}",
-    2005: "unknown MySQL server host {url.host}",
-}
-#: "CREATE command denied to user 'app'@'host' for table `db`.`t`" (MariaDB; MySQL: 't').
-_DENIED_RE = re.compile(r"(\w+) command denied to user '([^']*)'@'[^']*' for table "
-                        r"[`']?(?:[^`'.]*[`']?\.[`']?)?([^`'.]+)[`']?")
 _GRANTS = "see 'Schema, migrations and grants' in the README"
 _PRIVILEGE_HINTS = {
     "migrate": "migrate needs SELECT on {history} to see what is applied, and CREATE, "
@@ -60,22 +48,18 @@ _PRIVILEGE_HINTS = {
 def _describe(exc: BaseException, url: DatabaseUrl | None, command: str) -> str:
     # Our errors chain the driver's (a ConnectionLostError from 2003, say): read its number.
     driver = exc.__cause__ if isinstance(exc, OutboxError) and exc.__cause__ else exc
-    errno = driver_errno(driver)
-    if errno in (1142, 1143):  # a table (or column) privilege is missing
-        denied = _DENIED_RE.search(str(getattr(driver, "orig", driver)))
-        if denied:
-            what, user, table = denied.groups()
-            hint = _PRIVILEGE_HINTS.get(command, _GRANTS).format(history=HISTORY_TABLE)
-            return f"user {user} lacks the {what} privilege on table {table}: {hint}"
+    family = url.family if url is not None else None
+    hint = _PRIVILEGE_HINTS.get(command, _GRANTS).format(history=HISTORY_TABLE)
     unreadable = url.unreadable_files() if isinstance(exc, OSError) and url else []
     if unreadable:
         return (f"URL parameter {unreadable[0]} names a file that does not exist or cannot "
                 "be read")
-    tls = tls_failure(exc)  # before 2003: "cannot reach" would hide why
+    tls = tls_failure(exc)  # before "cannot reach": that would hide why
     if url is not None and tls is not None:
-        return f"TLS with the MySQL server at {url.host}:{url.port} failed: {tls}"
-    if url is not None and errno in _SERVER_ERRORS:
-        return _SERVER_ERRORS[errno].format(url=url)
+        return family.tls_message(url, tls)  # type: ignore[union-attr,no-any-return]
+    said = None if family is None else family.describe(driver, url, hint)
+    if said is not None:
+        return said  # type: ignore[no-any-return]
     orig = getattr(exc, "orig", exc)
     return redact(str(orig) or type(orig).__name__)
 
@@ -249,6 +233,12 @@ def _quiet_stdout() -> None:
         pass
 
 
+#: What a command reports in one line: ours, Peewee's, the drivers' own (PyMySQL's MySQLError
+#: …), the system's.
+_REPORTED: tuple[type[BaseException], ...] = (
+    CommandError, OutboxError, pw.PeeweeException, OSError, RuntimeError, *driver_errors())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = build_parser()
@@ -275,8 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _interrupted(args.command, interrupt)
         print(f"outbox-lite {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (CommandError, OutboxError, pw.PeeweeException, pymysql.MySQLError, OSError,
-            RuntimeError) as exc:
+    except _REPORTED as exc:
         if (interrupt := _signals.interruption(exc)) is not None:
             return _interrupted(args.command, interrupt)
         print(f"outbox-lite {args.command}: error: {_describe(exc, url, args.command)}",

@@ -7,9 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from .. import _checks
 from .._db import DatabaseUrl
-from ..models import MAX_ERROR_CODE_LENGTH, OutboxStatus
 from ..payload import redact
 from ..repository import OutboxRepository
 from ._args import (EXIT_OK, Age, UsageError, add_age_flags, add_database_flag,
@@ -81,19 +79,6 @@ def _cmd_stats(args: argparse.Namespace, url: DatabaseUrl) -> int:
     return EXIT_OK
 
 
-def _dead_letter_count(repo: OutboxRepository, ids: list[int] | None,
-                       error_code: str | None) -> int:
-    """How many dead letters the selection names (what a dry run reports)."""
-    model = repo.model
-    query = model.select().where(model.status == OutboxStatus.FAILED.value)
-    if ids is not None:
-        query = query.where(model.id.in_(_checks.event_ids(ids)))
-    if error_code is not None:
-        error_code = _checks.name("error_code", error_code, MAX_ERROR_CODE_LENGTH)
-        query = query.where(model.last_error_code == error_code)
-    return int(query.count())
-
-
 def _cmd_dead_letters(args: argparse.Namespace, url: DatabaseUrl) -> int:
     ids = sorted(set(args.id)) if args.id else None
     code = args.error_code
@@ -109,7 +94,7 @@ def _cmd_dead_letters(args: argparse.Namespace, url: DatabaseUrl) -> int:
                          "--error-code CODE, or --all for every one")
     with open_repository(url) as repo:
         if args.dry_run:
-            changed = _dead_letter_count(repo, ids, code)
+            changed = repo.count_dead_letters(ids, error_code=code)
         elif args.action == "requeue":
             changed = repo.requeue_failed(ids, error_code=code)
         else:
@@ -144,18 +129,8 @@ def _list_dead_letters(args: argparse.Namespace, url: DatabaseUrl, ids: list[int
                          " shows at most --limit dead letters")
     limit = DEFAULT_LIST_LIMIT if args.limit is None else args.limit
     with open_repository(url) as repo:
-        model = repo.model
-        total = _dead_letter_count(repo, ids, code)
-        query = (model.select(model.id, model.event_type, model.aggregate_type,
-                              model.aggregate_id, model.last_error_code,
-                              model.last_error_message, model.attempt_count, model.created_at,
-                              model.updated_at)
-                 .where(model.status == OutboxStatus.FAILED.value))
-        if ids is not None:
-            query = query.where(model.id.in_(ids))
-        if code is not None:
-            query = query.where(model.last_error_code == code)
-        rows = list(query.order_by(model.id).limit(limit))
+        total = repo.count_dead_letters(ids, error_code=code)
+        rows = repo.list_dead_letters(ids, error_code=code, limit=limit)
         now = repo.clock()
     letters = [{"id": e.id, "event_type": e.event_type, "aggregate_type": e.aggregate_type,
                 "aggregate_id": e.aggregate_id, "error_code": e.last_error_code,
@@ -209,12 +184,7 @@ def _cmd_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
     age: Age = args.older_than
     with open_repository(url) as repo:
         if args.dry_run:
-            model = repo.model
-            cutoff = _checks.before("older_than", _checks.instant("clock()", repo.clock()),
-                                    age.delta)
-            deleted = int(model.select().where(
-                (model.status == OutboxStatus.PUBLISHED.value)
-                & (model.published_at < cutoff)).count())
+            deleted = repo.count_purgeable(age.delta)
         else:
             deleted = repo.purge_published(age.delta, batch_size=args.batch_size)
     say_purged(plural(deleted, "published event"), age, args.dry_run)

@@ -9,7 +9,7 @@ import peewee as pw
 
 from .. import _checks
 from .._db import DatabaseUrl
-from ..errors import OutboxError, driver_errno
+from ..errors import OutboxError
 from ._args import (EXIT_OK, Age, CommandError, add_age_flags, add_database_flag,
                     open_database, parse_positive, plural, say_purged)
 
@@ -34,7 +34,7 @@ def _cmd_inbox_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
                 count = inbox.purge(database, age.delta, consumer=args.consumer,
                                     batch_size=args.batch_size)
         except pw.ProgrammingError as exc:
-            if driver_errno(exc) == 1146:  # _SERVER_ERRORS names outbox_event's
+            if url.family.missing_table(exc):  # the family's own line names outbox_event
                 raise CommandError(f"table {inbox.TABLE_NAME} is missing in {url.name}"
                                    " (run: outbox-lite migrate)") from None
             raise

@@ -213,8 +213,7 @@ def _dedupe(suite: ContentionSuite, result: Result, workers: Workers) -> None:
             while True:
                 try:
                     with suite.database.atomic():
-                        suite.database.execute_sql(
-                            "INSERT INTO contention_job (dedupe_key) VALUES (%s)", (key,))
+                        suite.add_job(key)
                         repo.create_in_transaction(
                             event_type="order.placed", aggregate_type="order",
                             aggregate_id=key, payload={"key": key}, dedupe_key=key)

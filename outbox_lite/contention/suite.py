@@ -13,27 +13,14 @@ from typing import Any, Callable, Iterable
 
 import peewee as pw
 
-from .. import _sql as sql
 from .. import migrate as schema
 from .._clock import server_clock
 from .._db import DatabaseUrl, execute
-from .._server import LockCounters, peewee_query, server_of
+from .._families import LockCounters, family_of
 from ..backoff import Backoff
 from ..errors import LockConflictError
 from ..repository import OutboxRepository
 
-_TABLES = {
-    # The "broker": one row per publish, in publish order.
-    "contention_sink": "CREATE TABLE contention_sink (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
-                       " event_id BIGINT NOT NULL, worker VARCHAR(64) NOT NULL,"
-                       " attempt INT NOT NULL, KEY ix_sink_event (event_id)) ENGINE=InnoDB",
-    # Business rows of the dedupe scenario.
-    "contention_job": "CREATE TABLE contention_job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
-                      " dedupe_key VARCHAR(64) NOT NULL) ENGINE=InnoDB",
-    # One row per aggregate with an event in flight (claimed and not yet recorded).
-    "contention_flight": "CREATE TABLE contention_flight (aggregate VARCHAR(64) PRIMARY KEY,"
-                         " event_id BIGINT NOT NULL) ENGINE=InnoDB",
-}
 _PROGRESS_EVERY = 5.0  # seconds between progress lines during a long race
 STALLED = 10.0  # seconds without a claim anywhere after which polling workers give up
 
@@ -180,7 +167,9 @@ class ContentionSuite:
         self.force = force
         self.factory = repository_factory or self._default_factory
         self.progress = progress or (lambda message: None)
-        self.database: pw.MySQLDatabase = url.database()
+        self.database: pw.Database = url.database()
+        #: The server's family: its statements for the suite's own tables, its counters.
+        self.family = family_of(self.database)
         self.clock = SuiteClock(self.database)
 
     @staticmethod
@@ -210,7 +199,7 @@ class ContentionSuite:
         self.url.create_database(exclusive=True)
         try:
             schema.migrate(self.database)
-            for create in _TABLES.values():
+            for create in self.family.sql.CONTENTION_TABLES.values():
                 self.database.execute_sql(create)
             results = []
             for name in scenarios:
@@ -224,12 +213,11 @@ class ContentionSuite:
                 self.url.drop_database()
 
     def _reset(self) -> None:
-        for table in ("outbox_event", *_TABLES):
-            self.database.execute_sql(f"TRUNCATE TABLE {table}")
+        for empty in self.family.sql.CONTENTION_EMPTY.values():
+            self.database.execute_sql(empty)
 
     def _lock_counters(self) -> LockCounters:
-        query = peewee_query(self.database)
-        return server_of(query).lock_counters(query)
+        return self.family.lock_counters(self.database)  # type: ignore[no-any-return]
 
     def _measured(self, name: str, scenario: Scenario) -> Result:
         result = Result(scenario=name, workers=self.workers, events=self.events, seconds=0.0,
@@ -277,10 +265,17 @@ class ContentionSuite:
         """The "broker": one sink row per (event id, attempt) published."""
         rows = list(events)
         if rows:
-            self.database.execute_sql(
-                "INSERT INTO contention_sink (event_id, worker, attempt) VALUES "
-                + ", ".join(["(%s, %s, %s)"] * len(rows)),
-                [value for event_id, attempt in rows for value in (event_id, worker, attempt)])
+            values: dict[str, Any] = {"worker": worker}
+            for n, (event_id, attempt) in enumerate(rows):
+                values[f"event_id_{n}"], values[f"attempt_{n}"] = event_id, attempt
+            sink = self.family.sql.contention_sink(len(rows))
+            self.database.execute_sql(sink, sink.params(values))
+
+    def add_job(self, key: str) -> None:
+        """The service's own business row of the dedupe scenario, in the caller's
+        transaction."""
+        job = self.family.sql.CONTENTION_JOB
+        self.database.execute_sql(job, job.params({"key": key}))
 
     def pending_left(self) -> int:
         return self.count("SELECT COUNT(*) FROM outbox_event WHERE status = 'pending'")
@@ -289,7 +284,7 @@ class ContentionSuite:
         """Pending or processing events not behind a dead letter of their aggregate."""
         left = self.count("SELECT COUNT(*) FROM outbox_event"
                           " WHERE status IN ('pending', 'processing')")
-        return left - self.count(sql.HELD_BACK) if left else 0
+        return left - self.count(self.family.sql.HELD_BACK) if left else 0
 
     def enter_flight(self, batch: list[Any], workers: Workers) -> int:
         """Mark the batch's aggregates in flight; returns how many already were.
@@ -297,12 +292,13 @@ class ContentionSuite:
         In key order, so two batches that share aggregates (only a broken claim makes them)
         lock them in the same order; a lock conflict all the same is counted and retried."""
         rows = sorted((f"{e.aggregate_type}:{e.aggregate_id}", e.id) for e in batch)
-        statement = ("INSERT IGNORE INTO contention_flight (aggregate, event_id) VALUES "
-                     + ", ".join(["(%s, %s)"] * len(rows)))
+        values: dict[str, Any] = {}
+        for n, (aggregate, event_id) in enumerate(rows):
+            values[f"aggregate_{n}"], values[f"event_id_{n}"] = aggregate, event_id
+        statement = self.family.sql.contention_enter_flight(len(rows))
         while True:
             try:
-                inserted = execute(self.database, statement,
-                                   [v for row in rows for v in row]).rowcount
+                inserted = execute(self.database, statement, statement.params(values)).rowcount
                 return len(rows) - inserted
             except LockConflictError:
                 workers.count_conflict()
@@ -310,11 +306,11 @@ class ContentionSuite:
     def leave_flight(self, batch: list[Any]) -> None:
         """The batch's aggregates are out of flight (by primary key: no scan, no gap locks).
         Inside the caller's transaction; a lock conflict is a LockConflictError."""
-        aggregates = [f"{e.aggregate_type}:{e.aggregate_id}" for e in batch]
-        execute(self.database,  # the hint: left alone, a short table is scanned, all locked
-                "DELETE f FROM contention_flight AS f FORCE INDEX (PRIMARY) WHERE f.aggregate"
-                " IN (" + ", ".join(["%s"] * len(batch)) + ") AND f.event_id IN ("
-                + ", ".join(["%s"] * len(batch)) + ")", [*aggregates, *(e.id for e in batch)])
+        statement = self.family.sql.CONTENTION_LEAVE_FLIGHT
+        execute(self.database, *statement.bind({
+            "aggregates": self.family.id_list([f"{e.aggregate_type}:{e.aggregate_id}"
+                                               for e in batch]),
+            "ids": self.family.id_list([e.id for e in batch])}))
 
     def claim(self, repo: OutboxRepository, worker: str, workers: Workers,
               ordered: bool = False) -> list[Any] | None:

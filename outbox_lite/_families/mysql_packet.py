@@ -1,4 +1,4 @@
-"""The server's ``max_allowed_packet``: the largest statement it takes and, on MySQL, the largest
+"""MySQL's ``max_allowed_packet``: the largest statement it takes and, on MySQL, the largest
 JSON text it gives back. Read once per connection (``SELECT @@SESSION.max_allowed_packet``),
 cached on the connection object, so a reconnect reads it again.
 
@@ -27,10 +27,11 @@ from typing import Any, NamedTuple, Sequence
 import peewee as pw
 from pymysql.converters import escape_item
 
-from ._db import execute
-from .errors import PayloadError, driver_errno
+from .._db import execute
+from ..errors import PayloadError
+from . import mysql_sql as sql
+from .mysql import ER_JSON_TOO_BIG, errno_of
 
-_READ = "SELECT @@SESSION.max_allowed_packet, VERSION()"
 _ATTRIBUTE = "_outbox_lite_packet"
 #: Everything in an INSERT of an event besides its payload: the statement's text and its other
 #: parameters (five names of at most 255 characters, 4 bytes each, each escape doubling a
@@ -54,7 +55,7 @@ def packet_limit(database: pw.Database) -> PacketLimit:
         cached = getattr(database.connection(), _ATTRIBUTE, None)
         if cached is not None:
             return cached  # type: ignore[no-any-return]
-    size, version = execute(database, _READ, ()).fetchone()
+    size, version = execute(database, sql.PACKET, ()).fetchone()
     limit = PacketLimit(int(size), "mariadb" not in str(version).lower())
     setattr(database.connection(), _ATTRIBUTE, limit)
     return limit
@@ -100,7 +101,7 @@ def refused(exc: BaseException) -> PayloadError | None:
     """The PayloadError for an INSERT that MySQL refused because the payload's binary JSON
     is longer than ``max_allowed_packet`` (1301), else None. MySQL undid that statement
     alone: the caller's transaction goes on."""
-    if driver_errno(exc) != 1301:
+    if errno_of(exc) != ER_JSON_TOO_BIG:
         return None
     limit = _LIMIT_RE.search(str(getattr(exc, "orig", exc)))
     return PayloadError(

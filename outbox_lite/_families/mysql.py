@@ -1,0 +1,452 @@
+"""The MySQL family: MySQL 8+ and MariaDB 10.6+ through PyMySQL (MariaDB a flag of the server,
+:attr:`~outbox_lite._families.mysql_server.Server.is_mariadb`, as peewee's ``MySQLDatabase``
+has its ``mariadb``).
+
+Here: the database check (a ``MySQLDatabase`` speaking utf8mb4), the driver's error numbers
+and what each means, the write of an event (which statement at which isolation level, the
+duplicate key, the id from ``lastrowid``, ``max_allowed_packet``), MySQL's changed-row counts,
+the session questions, the schema the tables must have, the ``mysql://`` URL with its TLS
+options, and creating and dropping a database. The statements are in :mod:`.mysql_sql`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Sequence
+
+import peewee as pw
+import pymysql
+
+from ..errors import DuplicateEventError, LockConflictError
+from . import Column, Family
+from . import mysql_sql as sql
+from .url import (DatabaseExistsError, DatabaseUrl, DatabaseUrlError, flag_option,
+                  text_option)
+from .mysql_server import LockCounters, Server, peewee_query, server_of
+
+
+class MySQLDatabase(pw.MySQLDatabase):
+    """``peewee.MySQLDatabase`` that connects with PyMySQL's current keyword, ``database=``.
+
+    Peewee 3 passes ``db=``, which PyMySQL 1.1+ answers with a DeprecationWarning on every
+    connection; Peewee 4 connects exactly like this.
+    """
+
+    def _connect(self) -> Any:
+        return pymysql.connect(database=self.database, autocommit=True, **self.connect_params)
+
+
+# ---------------------------------------------------------------------------
+# The driver's errors
+# ---------------------------------------------------------------------------
+
+def errno_of(exc: BaseException | None) -> int | None:
+    """The MySQL error number behind a Peewee or PyMySQL exception, or None."""
+    orig = getattr(exc, "orig", exc)
+    args = getattr(orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+#: Driver errors that mean the connection is gone: server gone away / lost during a query /
+#: lost reading the handshake (2006, 2013, 2055), killed (MariaDB 1927), disconnected for
+#: inactivity (MySQL 4031).
+LOST = frozenset({2006, 2013, 2055, 1927, 4031})
+#: Driver errors that mean no connection could be opened: the server is not reachable.
+UNREACHABLE = frozenset({2002, 2003})
+#: Also worth a reconnect: the server is shutting down (1053), or full for now (1040).
+GOING = frozenset({1040, 1053})
+ER_DUP_ENTRY = 1062
+ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK = 1205, 1213
+ER_NO_SUCH_TABLE = 1146
+#: A table (1142) or column (1143) privilege is missing.
+DENIED = frozenset({1142, 1143})
+ER_BAD_DB_ERROR, ER_DBACCESS_DENIED, ER_DB_CREATE_EXISTS = 1049, 1044, 1007
+CR_SSL_CONNECTION_ERROR = 2026
+#: MySQL refused a JSON value whose binary form is longer than max_allowed_packet.
+ER_JSON_TOO_BIG = 1301
+#: "Duplicate entry 'x' for key 'outbox_event.uq_outbox_event_dedupe_key'" (MySQL 8 names the
+#: table too; MariaDB the key alone). The value may hold anything: the key is the last quote.
+_DUPLICATE_KEY_RE = re.compile(r"for key '(?:[^']*\.)?([^'.]*)'\s*$")
+
+#: The CLI's one line per error number.
+_SERVER_ERRORS = {
+    ER_DBACCESS_DENIED: "access denied to database {url.name} for user {url.user}",
+    1045: "access denied for user {url.user} (check the user and password)",
+    1698: "access denied for user {url.user} (check the user and password)",
+    ER_BAD_DB_ERROR: "database {url.name} does not exist (run: outbox-lite migrate)",
+    ER_NO_SUCH_TABLE: "table outbox_event is missing in {url.name} (run: outbox-lite migrate)",
+    2003: "cannot reach the MySQL server at {url.host}:{url.port}",
+    2005: "unknown MySQL server host {url.host}",
+}
+#: "CREATE command denied to user 'app'@'host' for table `db`.`t`" (MariaDB; MySQL: 't').
+_DENIED_RE = re.compile(r"(\w+) command denied to user '([^']*)'@'[^']*' for table "
+                        r"[`']?(?:[^`'.]*[`']?\.[`']?)?([^`'.]+)[`']?")
+
+
+# ---------------------------------------------------------------------------
+# The family
+# ---------------------------------------------------------------------------
+
+_EXACT = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+_INSTANT = "datetime(6)"
+
+
+class MySQLFamily(Family):
+    """MySQL and MariaDB. One instance serves every database of the family."""
+
+    name = "mysql"
+    schemes = ("mysql",)
+    sql = sql
+    driver_errors: tuple[type[BaseException], ...] = (pymysql.MySQLError,)
+    #: How information_schema names a column compared exactly.
+    exact_collation = "utf8mb4_bin"
+
+    @classmethod
+    def accepts(cls, database: Any) -> bool:
+        return isinstance(database, pw.MySQLDatabase)
+
+    @staticmethod
+    def check_database(database: Any) -> None:
+        """A MySQLDatabase whose connections speak utf8mb4, so that every character is stored
+        and read back as it is: on a 3-byte ``utf8`` connection (Peewee 3's default) the
+        server stores a 4-byte character such as an emoji as '?', and MySQL also hands JSON
+        back through it, with no error. Raises ValueError for another character set."""
+        charset = database.connect_params.get("charset", "utf8mb4")  # PyMySQL's default
+        if str(charset).lower() != "utf8mb4":
+            raise ValueError(
+                f"the database connects with charset {charset!r}, which cannot carry 4-byte "
+                "characters (an emoji would be stored as '?'): make it with charset='utf8mb4'"
+                + (" (Peewee 3's default is utf8)" if str(charset).lower() == "utf8" else ""))
+
+    # -- errors -------------------------------------------------------------------------
+
+    @staticmethod
+    def lock_conflict(exc: BaseException) -> LockConflictError | None:
+        """The LockConflictError for a deadlock (1213) or a lock-wait timeout (1205)."""
+        errno = errno_of(exc)
+        if errno in (ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK):
+            return LockConflictError(errno, str(getattr(exc, "orig", exc)))
+        return None
+
+    @staticmethod
+    def connection_trouble(exc: BaseException) -> str | None:
+        """``"lost"`` (the connection is gone), ``"unreachable"`` (none could be opened),
+        ``"going"`` (the server is shutting down or full: worth a reconnect), or None."""
+        errno = errno_of(exc)
+        if errno in LOST:
+            return "lost"
+        if errno in UNREACHABLE:
+            return "unreachable"
+        if errno in GOING:
+            return "going"
+        return None
+
+    @staticmethod
+    def tls_refused(exc: BaseException) -> bool:
+        """The server offers no TLS though the URL asks for it."""
+        return errno_of(exc) == CR_SSL_CONNECTION_ERROR
+
+    @staticmethod
+    def duplicate_key(exc: BaseException) -> str | None:
+        """The unique key (constraint) a refused duplicate hit, or None for another error."""
+        if errno_of(exc) != ER_DUP_ENTRY:
+            return None
+        message = str(getattr(exc, "orig", exc))
+        match = _DUPLICATE_KEY_RE.search(message)
+        return match[1] if match else message
+
+    @staticmethod
+    def missing_table(exc: BaseException) -> bool:
+        return errno_of(exc) == ER_NO_SUCH_TABLE
+
+    @staticmethod
+    def denied(exc: BaseException) -> bool:
+        """A table or column privilege is missing (a table the user may not read looks the
+        same whether it exists or not)."""
+        return errno_of(exc) in DENIED
+
+    @staticmethod
+    def payload_refused(exc: BaseException) -> Any:
+        """The PayloadError for an INSERT the server refused for its payload, else None."""
+        from .mysql_packet import refused
+        return refused(exc)
+
+    def describe(self, exc: BaseException, url: DatabaseUrl | None,
+                 privilege_hint: str) -> str | None:
+        """The command line's one line for a server error, or None (say the error itself).
+        ``privilege_hint`` is what a missing table privilege needs (``{history}``-free)."""
+        errno = errno_of(exc)
+        if errno in DENIED:
+            denied = _DENIED_RE.search(str(getattr(exc, "orig", exc)))
+            if denied:
+                what, user, table = denied.groups()
+                return f"user {user} lacks the {what} privilege on table {table}: {privilege_hint}"
+        if url is not None and errno in _SERVER_ERRORS:
+            return _SERVER_ERRORS[errno].format(url=url)
+        return None
+
+    def tls_message(self, url: DatabaseUrl, why: str) -> str:
+        return f"TLS with the MySQL server at {url.host}:{url.port} failed: {why}"
+
+    # -- sessions -----------------------------------------------------------------------
+
+    @staticmethod
+    def ask_session(database: pw.Database, conn: Any) -> tuple[bool, str, Server]:
+        """(autocommit, isolation level as the server writes it, the server) of the calling
+        thread's connection ``conn``: one round trip (the server from its handshake)."""
+        server = Server(str(conn.server_version))
+        row = database.execute_sql(
+            sql.SESSION_MARIADB if server.is_mariadb else sql.SESSION_MYSQL).fetchone()
+        return bool(int(row[0])), str(row[1]), server
+
+    @staticmethod
+    def session_id(conn: Any) -> Any:
+        """The server's id of a connection's session (None when the driver cannot say)."""
+        thread_id = getattr(conn, "thread_id", None)
+        return thread_id() if callable(thread_id) else None
+
+    @staticmethod
+    def id_list(ids: Sequence[int]) -> tuple[int, ...]:
+        """A list of ids as the ``%(ids)s`` of this family's statements takes it."""
+        return tuple(ids)
+
+    # -- writing an event -----------------------------------------------------------------
+
+    #: Levels at which INSERT … WHERE NOT EXISTS reads without locking, on both servers.
+    _ONE_STATEMENT_LEVELS = frozenset({"READ COMMITTED", "READ UNCOMMITTED"})
+
+    def write_event(self, database: pw.Database, values: dict[str, Any], *, given_key: bool,
+                    isolation: str, payload: Any, execute: Any) -> int:
+        """Insert the event ``values`` (the INSERT's parameters by name) and return its id.
+
+        With the caller's ``dedupe_key`` (``given_key``), so that a refused duplicate holds up
+        no other writer's event: one statement at READ COMMITTED or READ UNCOMMITTED
+        (:data:`~.mysql_sql.INSERT_UNLESS_TAKEN`, 0 rows: a committed duplicate); the
+        lock-free read :data:`~.mysql_sql.DEDUPE_KEY_TAKEN`, then the INSERT, at REPEATABLE
+        READ or SERIALIZABLE, where a refused INSERT would hold up other writers on either
+        server (the measurements are in :mod:`.mysql_sql`). Raises DuplicateEventError, and
+        PayloadError for a payload the server's ``max_allowed_packet`` would refuse (before
+        any SQL) or refused. ``execute(statement, params)`` runs a statement."""
+        from . import mysql_packet
+        statement, read_first = sql.INSERT, False
+        if given_key:
+            if isolation in self._ONE_STATEMENT_LEVELS:
+                statement = sql.INSERT_UNLESS_TAKEN
+            else:
+                read_first = True
+        params = statement.params(values)
+        mysql_packet.check_insert(mysql_packet.packet_limit(database), statement, payload,
+                                  values["payload"], params)
+        key = values["dedupe_key"]
+        if read_first and execute(sql.DEDUPE_KEY_TAKEN,
+                                  sql.DEDUPE_KEY_TAKEN.params(values)).fetchone():
+            raise DuplicateEventError(key)  # committed before: found without a lock
+        try:
+            cursor = execute(statement, params)
+        except pw.IntegrityError as exc:
+            if "dedupe_key" in (self.duplicate_key(exc) or ""):
+                raise DuplicateEventError(key) from exc
+            raise
+        except pw.OperationalError as exc:
+            refused = mysql_packet.refused(exc)
+            if refused is not None:
+                raise refused from exc
+            raise
+        if cursor.rowcount == 0:  # INSERT_UNLESS_TAKEN found the key committed
+            raise DuplicateEventError(key)
+        return int(cursor.lastrowid)
+
+    @staticmethod
+    def extend_locks(values: dict[str, Any], count: int, execute: Any) -> int:
+        """Renew the claims in ``values`` (ids, locked_by, now) of ``count`` ids; how many
+        the caller still holds. MySQL counts changed rows, not matched ones: a claim taken
+        at this very instant matched without changing, so fewer than ``count`` changed are
+        counted again as those held at ``now``."""
+        changed = int(execute(*sql.EXTEND_LOCKS.bind(values)).rowcount)
+        if changed < count:
+            changed = int(execute(*sql.RENEWED.bind(values)).fetchone()[0])
+        return changed
+
+    # -- the schema, the server ------------------------------------------------------------
+
+    @staticmethod
+    def lock_counters(database: pw.Database) -> LockCounters:
+        """The server's deadlock and row-lock-wait counters (the contention suite's)."""
+        query = peewee_query(database)
+        return server_of(query).lock_counters(query)
+
+    url_class: type[DatabaseUrl]
+
+    #: The type information_schema gives an instant's column (with microseconds).
+    instant_type = "datetime(6)"
+    #: What each table needs, column by column (the migrations' result).
+    schema_columns = {
+        "outbox_event": {
+            "id": Column("BIGINT NOT NULL AUTO_INCREMENT", "bigint", False),
+            "event_type": Column("VARCHAR(255) NOT NULL", "varchar(255)", False),
+            "aggregate_type": Column(f"VARCHAR(255) {_EXACT} NOT NULL", "varchar(255)", True,
+                                     True),
+            "aggregate_id": Column(f"VARCHAR(255) {_EXACT} NOT NULL", "varchar(255)", True,
+                                   True),
+            "dedupe_key": Column(f"VARCHAR(255) {_EXACT} NOT NULL", "varchar(255)", True),
+            "payload": Column("JSON NOT NULL", "", False),
+            "status": Column("VARCHAR(16) NOT NULL DEFAULT 'pending'", "varchar(16)", False),
+            "attempt_count": Column("INT UNSIGNED NOT NULL DEFAULT 0", "int", False),
+            "available_at": Column("DATETIME(6) NOT NULL", _INSTANT, False),
+            "locked_at": Column("DATETIME(6) NULL", _INSTANT, False),
+            "locked_by": Column(f"VARCHAR(255) {_EXACT} NULL", "varchar(255)", True),
+            "published_at": Column("DATETIME(6) NULL", _INSTANT, False),
+            "last_error_code": Column(f"VARCHAR(64) {_EXACT} NULL", "varchar(64)", True, True),
+            "last_error_message": Column("TEXT NULL", "text", False),
+            "created_at": Column("DATETIME(6) NOT NULL", _INSTANT, False),
+            "updated_at": Column("DATETIME(6) NOT NULL", _INSTANT, False),
+        },
+        "inbox_message": {
+            "consumer": Column(f"VARCHAR(64) {_EXACT} NOT NULL", "varchar(64)", True),
+            "message_id": Column(f"VARCHAR(704) {_EXACT} NOT NULL", "varchar(704)", True),
+            "received_at": Column("DATETIME(6) NOT NULL", _INSTANT, False),
+        },
+    }
+
+
+FAMILY = MySQLFamily()
+
+
+# ---------------------------------------------------------------------------
+# URLs: mysql://
+# ---------------------------------------------------------------------------
+
+_MAX_TIMEOUT = 31_536_000  # PyMySQL's own limit for connect_timeout, one year
+FORM = ("expected mysql://user[:password]@host[:port]/database[?option=value&...], with "
+        "the user and password percent-encoded (% as %25; / # ? @ may be written as they are)")
+
+
+def _seconds(name: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= _MAX_TIMEOUT:
+        raise DatabaseUrlError(
+            f"URL parameter {name} must be a number of seconds above 0 and at most "
+            f"{_MAX_TIMEOUT}")
+    return int(seconds) if seconds.is_integer() else seconds
+
+
+def _charset(name: str, value: str) -> str:
+    if value.lower() != "utf8mb4":
+        raise DatabaseUrlError(f"URL parameter {name} must be utf8mb4 (events are stored as it)")
+    return "utf8mb4"
+
+
+#: The query parameters a URL may carry, named as PyMySQL names them, with their readers.
+OPTIONS: dict[str, Callable[[str, str], Any]] = {
+    "ssl_ca": text_option, "ssl_cert": text_option, "ssl_key": text_option,
+    "ssl_key_password": text_option, "ssl_verify_cert": flag_option,
+    "ssl_verify_identity": flag_option, "ssl_disabled": flag_option,
+    "charset": _charset, "connect_timeout": _seconds, "read_timeout": _seconds,
+    "write_timeout": _seconds,
+}
+
+
+class MySQLUrl(DatabaseUrl):
+    """A parsed ``mysql://`` URL; ``str()`` never shows the password."""
+
+    scheme = "mysql"
+    default_port = 3306
+    default_user = "root"
+    form = FORM
+    OPTIONS = OPTIONS
+    secret_options = frozenset({"ssl_key_password"})
+    file_options = ("ssl_ca", "ssl_cert", "ssl_key")
+
+    @classmethod
+    def _check_options(cls, options: dict[str, Any]) -> None:
+        if options.get("ssl_verify_identity") and options.get("ssl_verify_cert") is False:
+            raise DatabaseUrlError("URL parameter ssl_verify_identity=true checks the "
+                                   "certificate: it cannot go with ssl_verify_cert=false")
+        if options.get("ssl_verify_identity") and "ssl_ca" not in options:
+            # PyMySQL turns the host name check off when no CA file is given (check_hostname
+            # = not hasnoca and ...): the asked-for check would silently not happen.
+            raise DatabaseUrlError("URL parameter ssl_verify_identity=true needs ssl_ca "
+                                   "(PyMySQL checks the host name only against a CA file it "
+                                   "is given; the system's CAs: "
+                                   "ssl_ca=/etc/ssl/certs/ca-certificates.crt)")
+
+    def _params(self) -> dict[str, Any]:
+        options = dict(self.options)
+        if options.get("ssl_verify_identity"):
+            # The name is checked on a verified certificate only (MySQL's VERIFY_IDENTITY
+            # includes VERIFY_CA): PyMySQL 1.2 implies it, 1.1 raises ValueError without it.
+            options["ssl_verify_cert"] = True
+        return {"host": self.host, "port": self.port, "user": self.user,
+                "password": self.password, "charset": "utf8mb4", "connect_timeout": 5,
+                **options}
+
+    def database(self, database_class: Any = None, **kwargs: Any) -> Any:
+        """A Peewee database for this URL (connects lazily), of ``database_class`` (default
+        :class:`MySQLDatabase`; e.g. PooledMySQLDatabase); ``kwargs`` add to or override the
+        URL's connection options."""
+        kind = MySQLDatabase if database_class is None else database_class
+        return kind(self.name, **{**self._params(), **kwargs})
+
+    def server_connection(self) -> pymysql.connections.Connection:
+        """A plain PyMySQL connection to the server, no database selected."""
+        return pymysql.connect(autocommit=True, **self._params())
+
+    def exists(self) -> bool:
+        """Whether the database exists on the server. A database the user has no privilege
+        on is hidden from it, whether it exists or not: then the server's access-denied error
+        (1044) is raised rather than a False that may be untrue."""
+        conn = self.server_connection()
+        try:
+            with conn.cursor() as cur:
+                if self._exists(cur):
+                    return True
+                try:  # 1049 only for a user who may know; 1044 for one who may not
+                    cur.execute(f"USE `{self.name}`")
+                except pymysql.MySQLError as exc:
+                    if errno_of(exc) == ER_BAD_DB_ERROR:
+                        return False
+                    raise
+                return True
+        finally:
+            conn.close()
+
+    def _exists(self, cur: Any) -> bool:
+        cur.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
+                    (self.name,))
+        return cur.fetchone() is not None
+
+    def create_database(self, *, exclusive: bool = False) -> bool:
+        """Create the database when missing; True when it was created. With ``exclusive``
+        an existing database raises DatabaseExistsError instead. (A user without the right
+        to create databases can still use one that exists.)"""
+        conn = self.server_connection()
+        try:
+            with conn.cursor() as cur:
+                if not self._exists(cur):
+                    try:  # no IF NOT EXISTS: of two runs racing, only one creates it
+                        cur.execute(f"CREATE DATABASE `{self.name}`"
+                                    " CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+                        return True
+                    except pymysql.MySQLError as exc:
+                        if errno_of(exc) != ER_DB_CREATE_EXISTS:
+                            raise
+            if exclusive:
+                raise DatabaseExistsError(f"database {self.name} exists already")
+            return False
+        finally:
+            conn.close()
+
+    def drop_database(self) -> None:
+        conn = self.server_connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
+        finally:
+            conn.close()
+
+
+MySQLFamily.url_class = MySQLUrl

@@ -1,0 +1,243 @@
+"""Database URLs, ``scheme://user[:password]@host[:port]/database[?option=value&...]``: the
+grammar every family shares, the scheme picking the family (whose subclass of
+:class:`DatabaseUrl` knows its options, its default port and how to connect).
+
+A URL's password is never shown: errors about a URL quote none of its text, and ``str()``
+masks the password (and any secret option).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+from urllib.parse import quote, unquote
+
+from ..errors import OutboxError
+
+
+class DatabaseUrlError(ValueError):
+    """The URL is not ``scheme://user[:password]@host[:port]/database[?options]``."""
+
+
+class DatabaseExistsError(OutboxError):
+    """The database to create for a run exists already (and may hold someone's data)."""
+
+
+# Everything after the userinfo: what a password cannot be confused with, since the
+# userinfo is taken up to the last '@' that leaves such a tail.
+_TAIL_RE = re.compile(
+    r"(?P<host>\[[0-9A-Fa-f:.]*\]|[^:/?#@\[\]]*)"
+    r"(?::(?P<port>[^/?#@]*))?"
+    r"(?:/(?P<name>[^/?#@]*))?"
+    r"(?:\?(?P<query>[^#]*))?")
+_HOST_RE = re.compile(r"[A-Za-z0-9._-]{1,255}|\[[0-9A-Fa-f:.]{2,45}\]")
+_BAD_PERCENT_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+OPTION_NAME_RE = re.compile(r"[A-Za-z_]{1,40}")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def text_option(name: str, value: str) -> str:
+    if not value:
+        raise DatabaseUrlError(f"URL parameter {name} must not be empty")
+    return value
+
+
+def flag_option(name: str, value: str) -> bool:
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise DatabaseUrlError(f"URL parameter {name} must be true or false")
+
+
+@dataclass(frozen=True)
+class DatabaseUrl:
+    """A parsed database URL; ``str()`` never shows the password. ``DatabaseUrl.parse`` gives
+    the subclass of the URL's family (``MySQLUrl`` for ``mysql://``)."""
+
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    name: str
+    #: (name, value) pairs of the URL's query parameters, the driver's connection arguments.
+    options: tuple[tuple[str, Any], ...] = ()
+
+    #: The scheme ``str()`` writes, the port and user a URL may leave out, what a database
+    #: name may be, the form an error shows, the options and which of them are secret or name
+    #: files: each family's subclass says.
+    scheme: ClassVar[str] = ""
+    default_port: ClassVar[int] = 0
+    default_user: ClassVar[str] = ""
+    name_re: ClassVar[re.Pattern[str]] = re.compile(r"[A-Za-z0-9_$]{1,64}")
+    name_rule: ClassVar[str] = "1-64 letters, digits, _ or $"
+    form: ClassVar[str] = ""
+    OPTIONS: ClassVar[dict[str, Callable[[str, str], Any]]] = {}
+    secret_options: ClassVar[frozenset[str]] = frozenset()
+    file_options: ClassVar[tuple[str, ...]] = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "DatabaseUrl":
+        """``DatabaseUrl(host, port, …)`` made directly, with no scheme, is a ``mysql://``
+        one, as every URL was before the families (a subclass is made as itself)."""
+        if cls is DatabaseUrl:
+            from .mysql import MySQLUrl
+            cls = MySQLUrl
+        return super().__new__(cls)
+
+    @classmethod
+    def parse(cls, url: str) -> "DatabaseUrl":
+        """Read ``scheme://user[:password]@host[:port]/database[?option=value&...]``.
+
+        Raises DatabaseUrlError, whose message quotes no part of ``url``.
+        """
+        from . import family_for_scheme, url_form
+        scheme, sep, rest = url.partition("://")
+        family = family_for_scheme(scheme) if sep else None
+        if family is None:
+            shown = f" {scheme!r}" if sep and OPTION_NAME_RE.fullmatch(scheme) else ""
+            raise DatabaseUrlError(f"unsupported URL scheme{shown}; {url_form()}")
+        kind: type[DatabaseUrl] = family.url_class
+        return kind._parse(rest)
+
+    @classmethod
+    def _parse(cls, rest: str) -> "DatabaseUrl":
+        form = cls.form
+        userinfo, match = cls._split(rest)
+        if match is None:
+            raise DatabaseUrlError(f"bad database URL; {form}")
+        port_text, name = match["port"], match["name"]
+        if port_text and not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
+            raise DatabaseUrlError(f"bad database URL: the port must be a number from 1 to "
+                                   f"65535; {form}")
+        host = match["host"]
+        if host and not _HOST_RE.fullmatch(host):
+            raise DatabaseUrlError(f"bad database URL: the host is not a host name or an IP "
+                                   f"address; {form}")
+        if not name or not cls.name_re.fullmatch(name):
+            raise DatabaseUrlError(f"the database name must be {cls.name_rule}; {form}")
+        user, password = "", ""
+        if userinfo is not None:
+            raw_user, _, raw_password = userinfo.partition(":")
+            user = _decode(raw_user, "user name", form)
+            password = _decode(raw_password, "password", form)
+        return cls(host=host.strip("[]") or "127.0.0.1", port=int(port_text or cls.default_port),
+                   user=user or cls.default_user, password=password, name=name,
+                   options=cls._options(match["query"] or ""))
+
+    @classmethod
+    def _split(cls, rest: str) -> tuple[str | None, re.Match[str] | None]:
+        """The userinfo (None when absent) and the tail's match: the userinfo runs to the last
+        '@' that leaves a well-formed tail naming a valid database, so a password may hold
+        unencoded / # ? @ characters."""
+        candidates = [i for i, char in enumerate(rest) if char == "@"][::-1]
+        first: tuple[str | None, re.Match[str] | None] = (None, None)
+        for at in [*candidates, -1]:
+            match = _TAIL_RE.fullmatch(rest[at + 1:])
+            if match is None:
+                continue
+            userinfo = rest[:at] if at >= 0 else None
+            if first[1] is None:
+                first = (userinfo, match)
+            name, port = match["name"], match["port"]
+            if (name and cls.name_re.fullmatch(name) and (not port or port.isdigit())
+                    and (not match["host"] or _HOST_RE.fullmatch(match["host"]))):
+                return userinfo, match
+        return first
+
+    @classmethod
+    def _options(cls, query: str) -> tuple[tuple[str, Any], ...]:
+        options: dict[str, Any] = {}
+        for item in filter(None, query.split("&")):
+            raw_name, has_value, raw_value = item.partition("=")
+            name = _decode(raw_name, "URL parameter's name", cls.form)
+            if name not in cls.OPTIONS:
+                shown = name if OPTION_NAME_RE.fullmatch(name) else "(not a parameter name)"
+                raise DatabaseUrlError(
+                    f"unknown URL parameter {shown}; supported: {', '.join(cls.OPTIONS)}")
+            if name in options:
+                raise DatabaseUrlError(f"URL parameter {name} is given twice")
+            if not has_value:
+                raise DatabaseUrlError(f"URL parameter {name} needs a value ({name}=...)")
+            options[name] = cls.OPTIONS[name](name, _decode(raw_value, f"value of {name}",
+                                                            cls.form))
+        cls._check_options(options)
+        return tuple(sorted(options.items()))
+
+    @classmethod
+    def _check_options(cls, options: dict[str, Any]) -> None:
+        """Refuse options that do not go together (each family's rules)."""
+
+    def with_name(self, name: str) -> "DatabaseUrl":
+        if not self.name_re.fullmatch(name):
+            raise DatabaseUrlError(f"bad database name {name!r}")
+        return dataclasses.replace(self, name=name)
+
+    def __str__(self) -> str:  # never shows the password
+        auth = self.user + (":***" if self.password else "")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        query = "&".join(f"{k}={'***' if k in self.secret_options else v}"
+                         for k, v in self.options)
+        return f"{self.scheme}://{auth}@{host}:{self.port}/{self.name}" + (
+            f"?{query}" if query else "")
+
+    def secret_text(self) -> str:
+        """The URL in full, password included (percent-encoded): for handing to a child
+        process, never for showing. ``DatabaseUrl.parse`` reads it back to an equal URL."""
+        auth = quote(self.user, safe="") + (f":{quote(self.password, safe='')}"
+                                            if self.password else "")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        query = "&".join(f"{k}={str(v).lower() if isinstance(v, bool) else quote(str(v))}"
+                         for k, v in self.options)
+        return f"{self.scheme}://{auth}@{host}:{self.port}/{self.name}" + (
+            f"?{query}" if query else "")
+
+    def unreadable_files(self) -> list[str]:
+        """The options naming a file (``ssl_ca`` …) whose file this process cannot read (the
+        driver's own error names neither the option nor the file)."""
+        options = dict(self.options)
+        return [name for name in self.file_options
+                if name in options and not os.access(options[name], os.R_OK)]
+
+    @property
+    def family(self) -> Any:
+        """The family of this URL's server (:mod:`outbox_lite._families`)."""
+        from . import family_for_scheme
+        return family_for_scheme(self.scheme)
+
+    # -- what each family's subclass provides ------------------------------------------------
+
+    def database(self, database_class: Any = None, **kwargs: Any) -> Any:
+        """A Peewee database for this URL (connects lazily), of ``database_class`` (default:
+        the family's own); ``kwargs`` add to or override the URL's connection options."""
+        raise NotImplementedError
+
+    def server_connection(self) -> Any:
+        """A plain driver connection to the server, in autocommit (MySQL: no database
+        selected; PostgreSQL: the maintenance database)."""
+        raise NotImplementedError
+
+    def exists(self) -> bool:
+        """Whether the database exists on the server."""
+        raise NotImplementedError
+
+    def create_database(self, *, exclusive: bool = False) -> bool:
+        """Create the database when missing; True when it was created. With ``exclusive``
+        an existing database raises DatabaseExistsError instead."""
+        raise NotImplementedError
+
+    def drop_database(self) -> None:
+        raise NotImplementedError
+
+
+def _decode(part: str, what: str, form: str) -> str:
+    if _BAD_PERCENT_RE.search(part):
+        raise DatabaseUrlError(
+            f"the {what} holds a % that does not start a percent-escape: write % as %25; "
+            f"{form}")
+    try:
+        return unquote(part, errors="strict")
+    except UnicodeDecodeError:
+        raise DatabaseUrlError(f"the {what}'s percent-escapes are not UTF-8; {form}") from None
