@@ -21,7 +21,9 @@
 # 60 MB) and one data directory per port. OUTBOX_POSTGRES_BIN runs other binaries instead (e.g.
 # /usr/lib/postgresql/15/bin, the machine's own); a data directory is kept per port and must be
 # of the same major version (forget it first). OUTBOX_POSTGRES_OPTIONS adds postgres options to a
-# start (e.g. "-c default_transaction_isolation=serializable").
+# start (e.g. "-c default_transaction_isolation=serializable"). OUTBOX_POSTGRES_PASSWORD, when
+# set at the start that initialises a data directory, gives the superuser that password and
+# makes TCP logins check passwords (scram-sha-256) instead of trusting everyone.
 # PostgreSQL refuses to run as root: as root the server runs as the user `postgres` (created as
 # a system user when missing).
 set -euo pipefail
@@ -107,10 +109,18 @@ initialise() {
     mkdir -p "$dir"
     chown "$user" "$dir"
     chmod 700 "$dir"
+    local auth=(--auth=trust) pwfile=""
+    if [ -n "${OUTBOX_POSTGRES_PASSWORD:-}" ]; then
+        pwfile="$ROOT/run/pwfile-$port"
+        (umask 077 && printf '%s\n' "$OUTBOX_POSTGRES_PASSWORD" >"$pwfile")
+        chown "$user" "$pwfile"
+        auth=(--auth-local=trust --auth-host=scram-sha-256 --pwfile="$pwfile")
+    fi
     say "initialising $dir (PostgreSQL $major)"
-    $(as_user "$user") "$bin/initdb" -D "$dir" -U postgres --auth=trust --encoding=UTF8 \
+    $(as_user "$user") "$bin/initdb" -D "$dir" -U postgres "${auth[@]}" --encoding=UTF8 \
         --locale=C.UTF-8 >>"$(logfile "$port")" 2>&1 \
-        || { tail -5 "$(logfile "$port")" >&2; fail "initdb failed"; }
+        || { rm -f "$pwfile"; tail -5 "$(logfile "$port")" >&2; fail "initdb failed"; }
+    rm -f "$pwfile"
 }
 
 running() {
