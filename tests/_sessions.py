@@ -1,10 +1,13 @@
 """A database session in a thread of its own, for lock tests: a transaction stays open on it
-while other sessions run, and its waits end after ``wait`` seconds with 1205."""
+while other sessions run, and its lock waits end after ``wait`` seconds with the server's
+lock-wait error (MySQL 1205, PostgreSQL 55P03 lock_not_available)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 from typing import Any, Callable
+
+from _helpers import FAMILY
 
 
 class ThreadSession:
@@ -14,9 +17,8 @@ class ThreadSession:
         self.db = db_url.database()
         self._pool = concurrent.futures.ThreadPoolExecutor(1)
         self._txn: Any = None
-        self.run(self.db.execute_sql, f"SET SESSION innodb_lock_wait_timeout = {int(wait)}")
-        self.connection_id = self.run(
-            lambda: self.db.execute_sql("SELECT CONNECTION_ID()").fetchone()[0])
+        self.run(FAMILY.limit_lock_waits, self.db, wait)
+        self.connection_id = self.run(FAMILY.session_id, self.db)
 
     def start(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         return self._pool.submit(fn, *args)

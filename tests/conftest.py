@@ -1,74 +1,58 @@
-"""Test fixtures. The server is read from one place: ``OUTBOX_TEST_DATABASE_URL``.
+"""Test fixtures. The server is read from one place: ``OUTBOX_TEST_DATABASE_URL``, whose scheme
+picks the family (``mysql://``: MySQL and MariaDB; ``postgresql://`` or ``postgres://``:
+PostgreSQL); what the tests ask of each family is in ``_helpers.FAMILY``.
 
 Every test gets a database of its own, created and migrated for it and dropped after it.
 Without a reachable server the run stops with an error: a skipped suite proves nothing.
+The helpers the tests import live in ``_helpers.py``, never here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import itertools
 import os
-import re
-import threading
 import uuid
 from typing import Any, Callable, Iterator
 
-import pymysql
 import pytest
 import redis
-from playhouse.pool import PooledMySQLDatabase
 
 from outbox_lite import Backoff, OutboxRepository
 from outbox_lite import migrate as schema
-from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
 from outbox_lite._db import DatabaseUrl
-from outbox_lite._server import Server, server_of
 
 from _brokers import Exchange, NATSServer, RabbitMQNode, Stream, new_exchange, new_stream
+from _helpers import FAMILY, TEST_URL, FakeClock, rows_of
 from _redis import SHARED_REDIS, RedisServer, delete_queue
 
-TEST_URL = DatabaseUrl.parse(
-    os.environ.get("OUTBOX_TEST_DATABASE_URL", "mysql://root@127.0.0.1:3306/outbox_lite_test"))
 _counter = itertools.count()
-T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     try:
         TEST_URL.server_connection().close()
-    except pymysql.MySQLError as exc:
+    except Exception as exc:  # noqa: BLE001 - any driver's error: the run cannot start
         pytest.exit(f"the test server {TEST_URL} is unreachable: {exc}", returncode=3)
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"database: {FAMILY.name} family, {TEST_URL}"
+
+
 @pytest.fixture(scope="session")
-def server() -> Server:
+def server() -> Any:
     """The test server, as ``SELECT VERSION()`` describes it: a test that must know whether it
-    talks to MariaDB or MySQL asks this (and outbox_lite._server says what differs)."""
-    conn = TEST_URL.server_connection()
+    talks to MariaDB, MySQL or PostgreSQL asks this (outbox_lite._server says what differs
+    between MariaDB and MySQL; ``FAMILY.name`` the family)."""
+    conn = TEST_URL.server_connection()  # a DB-API connection of the family's driver
     try:
-        with conn.cursor() as cur:
-            return server_of(lambda sql: (cur.execute(sql), cur.fetchall())[1])
+        cur = conn.cursor()
+        try:
+            return FAMILY.server(lambda sql: (cur.execute(sql), cur.fetchall())[1])
+        finally:
+            cur.close()
     finally:
         conn.close()
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: dt.datetime = T0) -> None:
-        self.now = now
-        self._lock = threading.Lock()
-
-    def __call__(self) -> dt.datetime:
-        with self._lock:
-            return self.now
-
-    def advance(self, **delta: float) -> dt.datetime:
-        with self._lock:
-            self.now += dt.timedelta(**delta)
-            return self.now
 
 
 # ---------------------------------------------------------------------------
@@ -78,12 +62,13 @@ class FakeClock:
 # Creating, migrating and dropping a database costs about 0.2 s on MySQL (every DDL statement
 # is a durable commit), most of the suite's time. So a test's database comes back to the pool
 # when the test left its schema exactly as the migrations made it: its tables are emptied
-# (TRUNCATE, which also resets AUTO_INCREMENT) and the next test gets it as fresh. Anything else
-# (a table added or dropped, a migration rolled back, an index changed, a cleanup that cannot
-# take its locks) drops the database instead. What is left in the pool is dropped at the end.
+# (TRUNCATE, which also resets AUTO_INCREMENT; on PostgreSQL TRUNCATE … RESTART IDENTITY) and
+# the next test gets it as fresh. Anything else (a table added or dropped, a migration rolled
+# back, an index changed, a cleanup that cannot take its locks) drops the database instead.
+# What is left in the pool is dropped at the end.
 
 _POOL: list[DatabaseUrl] = []
-_MIGRATED: dict[str, str] = {}  # table -> SHOW CREATE TABLE of a fresh migration
+_MIGRATED: dict[str, str] = {}  # table -> its schema as a fresh migration makes it
 _HISTORY: list[str] = []  # the migrations applied to a fresh database
 
 
@@ -101,21 +86,13 @@ def _new_database() -> DatabaseUrl:
 
 
 def _schema_of(url: DatabaseUrl) -> dict[str, str]:
-    """Each table's SHOW CREATE TABLE, without its AUTO_INCREMENT counter."""
-    conn = url.server_connection()
+    """Each table's schema as the server's catalog shows it (FAMILY.schema_of)."""
+    database = url.database()
     try:
-        with conn.cursor() as cur:
-            cur.execute("SET SESSION lock_wait_timeout = 10")
-            cur.execute("SELECT table_name FROM information_schema.tables"
-                        " WHERE table_schema = %s", (url.name,))
-            tables = sorted(str(name) for (name,) in cur.fetchall())
-            shown = {}
-            for table in tables:
-                cur.execute(f"SHOW CREATE TABLE `{url.name}`.`{table}`")
-                shown[table] = re.sub(r" AUTO_INCREMENT=\d+", "", cur.fetchone()[1])
-            return shown
+        FAMILY.limit_lock_waits(database, 10, metadata=True)
+        return dict(FAMILY.schema_of(database))
     finally:
-        conn.close()
+        database.close()
 
 
 def _reusable(url: DatabaseUrl) -> bool:
@@ -125,21 +102,19 @@ def _reusable(url: DatabaseUrl) -> bool:
         shown.pop("job", None)
         if shown != _MIGRATED:
             return False
-        conn = url.server_connection()
+        database = url.database()
         try:
-            with conn.cursor() as cur:
-                cur.execute("SET SESSION lock_wait_timeout = 10")
-                cur.execute(f"SELECT name FROM `{url.name}`.`{schema.HISTORY_TABLE}`"
-                            " ORDER BY id")
-                if [name for (name,) in cur.fetchall()] != _HISTORY:
-                    return False
-                for table in _MIGRATED:
-                    if table != schema.HISTORY_TABLE:
-                        cur.execute(f"TRUNCATE TABLE `{url.name}`.`{table}`")
-                cur.execute(f"DROP TABLE IF EXISTS `{url.name}`.job")
+            FAMILY.limit_lock_waits(database, 10, metadata=True)
+            history = database.execute_sql(
+                f"SELECT name FROM {FAMILY.quote(schema.HISTORY_TABLE)} ORDER BY id").fetchall()
+            if [name for (name,) in history] != _HISTORY:
+                return False
+            FAMILY.truncate(database, [table for table in _MIGRATED
+                                       if table != schema.HISTORY_TABLE])
+            database.execute_sql("DROP TABLE IF EXISTS job")
         finally:
-            conn.close()
-    except pymysql.MySQLError:
+            database.close()
+    except Exception:  # noqa: BLE001 - whatever went wrong, the database is not reused
         return False
     return True
 
@@ -163,8 +138,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture
 def db(db_url: DatabaseUrl) -> Any:
     database = db_url.database()
-    database.execute_sql(
-        "CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(64) NOT NULL)")
+    database.execute_sql(FAMILY.JOB_TABLE)
     yield database
     if not database.is_closed():
         database.close()
@@ -181,140 +155,16 @@ def repo(db: Any, clock: FakeClock) -> OutboxRepository:
 
 
 @pytest.fixture
-def fetch(db_url: DatabaseUrl) -> Callable[..., list[dict[str, Any]]]:
-    """Read committed state on a connection of its own: ``fetch(sql, *params)``."""
-    conn = pymysql.connect(database=db_url.name, autocommit=True,
-                           cursorclass=pymysql.cursors.DictCursor, **_params(db_url))
+def fetch(db_url: DatabaseUrl) -> Iterator[Callable[..., list[dict[str, Any]]]]:
+    """Read committed state on a connection of its own: ``fetch(sql, *params)``, rows as
+    dicts (autocommit: each call sees what is committed when it runs)."""
+    database = db_url.database()
 
     def run(sql: str, *params: Any) -> list[dict[str, Any]]:
-        with conn.cursor() as cur:
-            cur.execute(sql, params)
-            return list(cur.fetchall())
+        return rows_of(database.execute_sql(sql, params))
 
     yield run
-    conn.close()
-
-
-def _params(url: DatabaseUrl) -> dict[str, Any]:
-    return {"host": url.host, "port": url.port, "user": url.user, "password": url.password}
-
-
-class _SpyCursor:
-    """A driver cursor that reports each statement before running it."""
-
-    def __init__(self, cursor: Any, report: Callable[[str, Any], None]) -> None:
-        self._cursor = cursor
-        self._report = report
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        self._report(sql, params)
-        return self._cursor.execute(sql, params)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cursor, name)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._cursor)
-
-
-@contextlib.contextmanager
-def capture_sql(database: Any, before: Callable[[str, Any], None] | None = None,
-                ) -> Iterator[list[tuple[str, Any]]]:
-    """Yield a list that receives ``(sql, params)`` for every statement run on ``database``.
-
-    Works on Peewee 3 and 4 alike: it wraps the driver cursors ``database.cursor()`` hands
-    out, the one path every statement takes (queries, ``execute_sql``, ``BEGIN``, from any
-    thread). ``before(sql, params)``, if given, runs just before each statement; what it runs
-    itself on ``database`` is neither recorded nor passed to it again.
-    """
-    statements: list[tuple[str, Any]] = []
-    inside = threading.local()
-
-    def report(sql: str, params: Any) -> None:
-        if getattr(inside, "active", False):
-            return
-        statements.append((sql, params))
-        if before is not None:
-            inside.active = True
-            try:
-                before(sql, params)
-            finally:
-                inside.active = False
-
-    shadowed = "cursor" in vars(database)  # an outer spy's, when spies nest
-    cursor = database.cursor
-    database.cursor = lambda *args, **kwargs: _SpyCursor(cursor(*args, **kwargs), report)
-    try:
-        yield statements
-    finally:
-        if shadowed:
-            database.cursor = cursor
-        else:
-            del database.cursor  # back to the class's own method
-
-
-def new_event(repo: OutboxRepository, n: int = 0, **overrides: Any) -> Any:
-    """Create one event in a transaction of its own."""
-    fields = dict(event_type="job.created", aggregate_type="ai_job", aggregate_id=str(n),
-                  payload={"n": n})
-    fields.update(overrides)
-    with repo.database.atomic():
-        return repo.create_in_transaction(**fields)
-
-
-def seed(repo: OutboxRepository, count: int, **overrides: Any) -> list[int]:
-    """Create ``count`` events in one transaction (the n-th of aggregate ``ai_job:n`` unless
-    ``overrides`` say otherwise); returns their ids."""
-    with repo.database.atomic():
-        return [repo.create_in_transaction(**{
-                    "event_type": "job.created", "aggregate_type": "ai_job",
-                    "aggregate_id": str(n), "payload": {"n": n}, **overrides}).id
-                for n in range(count)]
-
-
-class QuietPooledMySQLDatabase(PooledMySQLDatabase, QuietMySQLDatabase):
-    """PooledMySQLDatabase connecting with PyMySQL's database= keyword, as the library's own
-    databases do (outbox_lite/_compat.py): Peewee 3's db= would be a DeprecationWarning, which
-    fails the run. How it pools and reconnects is Peewee's, unchanged."""
-
-
-def claim_all(repo: OutboxRepository, worker: str, count: int) -> list[int]:
-    """Seed ``count`` events and claim them all for ``worker``; returns their ids."""
-    seed(repo, count)
-    with repo.database.atomic():
-        return [e.id for e in repo.claim_batch(worker, limit=count)]
-
-
-def run_threads(count: int, target: Callable[[int], Any], database: Any = None,
-                ) -> tuple[list[Any], list[BaseException]]:
-    """Start ``count`` threads released together by a Barrier; return results and errors.
-
-    Each thread has its own connection to ``database`` (Peewee's are per thread) and closes
-    it at the end.
-    """
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def body(i: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[i] = target(i)
-        except BaseException as exc:  # noqa: BLE001 - collected for the main thread
-            with lock:
-                errors.append(exc)
-        finally:
-            if database is not None and not database.is_closed():
-                database.close()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    return results, errors
+    database.close()
 
 
 # ---------------------------------------------------------------------------

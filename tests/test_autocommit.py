@@ -29,7 +29,7 @@ from outbox_lite.cli import main
 from outbox_lite.relay import Relay
 
 from _servers import own_server
-from conftest import QuietPooledMySQLDatabase
+from _helpers import QuietPooledMySQLDatabase
 
 PASSWORD = "autocommit-off-pw"
 SERVICE = "outbox_service"

@@ -14,7 +14,7 @@ import pytest
 from outbox_lite import OutboxRepository
 from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
 
-from conftest import capture_sql
+from _helpers import capture_sql
 
 ROCKET = "🚀"  # U+1F680: four bytes in UTF-8
 PEEWEE_MAJOR = int(pw.__version__.split(".")[0])

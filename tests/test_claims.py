@@ -5,12 +5,11 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 
-import pymysql
 import pytest
 
 from outbox_lite import InvalidEventError, TransactionRequiredError
 
-from conftest import T0, new_event, run_threads, seed
+from _helpers import FAMILY, T0, new_event, run_threads, seed
 
 
 def test_find_dispatchable_orders_by_available_at_then_id_and_skips_the_future(repo, clock):
@@ -35,13 +34,10 @@ def test_find_dispatchable_takes_no_locks(db, repo, db_url):
     with db.atomic():
         assert len(repo.find_dispatchable()) == 2
         # Another connection can change the rows at once: nothing is locked.
-        other = pymysql.connect(host=db_url.host, port=db_url.port, user=db_url.user,
-                                password=db_url.password, database=db_url.name,
-                                autocommit=True)
-        with other.cursor() as cur:
-            cur.execute("SET SESSION innodb_lock_wait_timeout = 1")
-            assert cur.execute("UPDATE outbox_event SET attempt_count = 7 WHERE id IN (%s, %s)",
-                               ids) == 2
+        other = db_url.database()
+        FAMILY.limit_lock_waits(other, 1)
+        assert other.execute_sql("UPDATE outbox_event SET attempt_count = 7"
+                                 " WHERE id IN (%s, %s)", ids).rowcount == 2
         other.close()
 
 
@@ -146,9 +142,9 @@ def test_a_held_batch_is_skipped_without_waiting(db, repo, fetch):
         assert [e.id for e in held] == ids[:3]
 
         # A second worker on its own connection, which would wait 1 s and fail with
-        # error 1205 if it touched a locked row.
+        # the lock-wait error if it touched a locked row.
         def other(_):
-            db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+            FAMILY.limit_lock_waits(db, 1)
             with db.atomic():
                 return [e.id for e in repo.claim_batch("other", limit=10)]
 
@@ -165,7 +161,7 @@ def test_claim_batch_does_not_block_a_writer_inserting_new_events(db, repo, fetc
         assert len(repo.claim_batch("holder", limit=10)) == 3
 
         def writer(_):
-            db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+            FAMILY.limit_lock_waits(db, 1)
             with db.atomic():
                 return repo.create_in_transaction(event_type="e", aggregate_type="a",
                                                   aggregate_id="1", payload={}).id

@@ -14,7 +14,7 @@ from outbox_lite import migrate as schema
 from outbox_lite._db import DatabaseUrl, DatabaseUrlError
 from outbox_lite.cli import main
 
-from conftest import TEST_URL
+from _helpers import TEST_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,7 @@ from outbox_lite import Inbox, OutboxRepository, reconnect
 
 from _brokers import SHARED_RABBITMQ
 from _skewed import SkewedHost, skewed_env
-from conftest import capture_sql, claim_all, new_event, seed
+from _helpers import FAMILY, capture_sql, claim_all, new_event, seed
 
 SKEW = 120  # seconds either side of true time
 LOCK_TIMEOUT = 200  # seconds: longer than the skew, far longer than any test here
@@ -63,17 +63,17 @@ def outbox(db):
 
 
 def server_now(fetch) -> dt.datetime:
-    return fetch("SELECT UTC_TIMESTAMP(6) AS now")[0]["now"].replace(tzinfo=UTC)
+    return fetch(f"SELECT {FAMILY.UTC_NOW} AS now")[0]["now"].replace(tzinfo=UTC)
 
 
 def instant(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text)
 
 
-def seconds_from_now(fetch, column: str, where: str = "1") -> list[float]:
+def seconds_from_now(fetch, column: str, where: str = "1 = 1") -> list[float]:
     """``column`` minus the server's now, in seconds, per row (in id order)."""
     return [float(r["s"]) for r in fetch(
-        f"SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), {column}) / 1e6 AS s"
+        f"SELECT {FAMILY.seconds_from_now(column)} AS s"
         f" FROM outbox_event WHERE {where} ORDER BY id")]
 
 
@@ -116,7 +116,7 @@ def test_a_fast_hosts_release_leaves_a_slow_hosts_live_claim_alone(fast, slow, f
     assert fast.call("repo", "stats", LOCK_TIMEOUT)["expired_claims"] == 0
 
     # 201 s old by the server's clock (moved through SQL): now each host releases it.
-    fetch("UPDATE outbox_event SET locked_at = locked_at - INTERVAL 201 SECOND")
+    fetch(f"UPDATE outbox_event SET locked_at = locked_at - {FAMILY.interval('201 SECOND')}")
     assert slow.call("repo", "stats", LOCK_TIMEOUT)["expired_claims"] == 10
     assert slow.call("repo", "release_expired_locks", LOCK_TIMEOUT) == 10
     assert fetch("SELECT status, last_error_code, COUNT(*) AS n FROM outbox_event"
@@ -128,12 +128,12 @@ def test_a_slow_hosts_renewal_counts_from_the_servers_now(fast, slow, fetch, out
     ids = seed(outbox, 10)
     slow.call("repo", "claim_batch", "slow-relay", 10, atomic=True)
     # The claim is 150 s old, live for 50 s more; the slow relay's heartbeat renews it.
-    fetch("UPDATE outbox_event SET locked_at = locked_at - INTERVAL 150 SECOND")
+    fetch(f"UPDATE outbox_event SET locked_at = locked_at - {FAMILY.interval('150 SECOND')}")
     assert slow.call("repo", "extend_locks", ids, "slow-relay") == 10
     assert all(-1 < s < SLACK_S for s in seconds_from_now(fetch, "locked_at"))
     # Renewed just now: the fast host releases nothing (today: renewed at the slow host's
     # now, 2 minutes back, and released by the fast host 61 real seconds later).
-    fetch("UPDATE outbox_event SET locked_at = locked_at - INTERVAL 61 SECOND")
+    fetch(f"UPDATE outbox_event SET locked_at = locked_at - {FAMILY.interval('61 SECOND')}")
     assert fast.call("repo", "release_expired_locks", LOCK_TIMEOUT) == 0
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'processing'"
                  " AND locked_by = 'slow-relay'") == [{"n": 10}]
@@ -144,7 +144,7 @@ def test_a_fast_hosts_expired_claim_is_released_by_a_slow_host(fast, slow, fetch
     fast.call("repo", "claim_batch", "fast-relay", 10, atomic=True)
     assert all(-1 < s < SLACK_S for s in seconds_from_now(fetch, "locked_at"))
     assert slow.call("repo", "release_expired_locks", LOCK_TIMEOUT) == 0  # live
-    fetch("UPDATE outbox_event SET locked_at = locked_at - INTERVAL 201 SECOND")
+    fetch(f"UPDATE outbox_event SET locked_at = locked_at - {FAMILY.interval('201 SECOND')}")
     # Expired by the server's clock: released on the slow host too (today: not for another
     # 4 minutes, the fast relay's lead plus the slow host's lag).
     assert slow.call("repo", "release_expired_locks", LOCK_TIMEOUT) == 10
@@ -175,7 +175,8 @@ def test_an_event_written_on_a_fast_host_is_claimed_at_once_on_a_slow_host(fast,
 
 def test_the_backoff_and_a_requeue_count_from_the_servers_now(fast, slow, fetch, outbox):
     ids = seed(outbox, 2)
-    fetch("UPDATE outbox_event SET available_at = available_at - INTERVAL 1 HOUR")  # for all
+    # for all:
+    fetch(f"UPDATE outbox_event SET available_at = available_at - {FAMILY.interval('1 HOUR')}")
     fast.call("repo", "claim_batch", "fast-relay", 1, atomic=True)
     slow.call("repo", "claim_batch", "slow-relay", 1, atomic=True)
     assert fast.call("repo", "mark_failed", ids[0], "fast-relay", "boom", "broker said no")
@@ -186,7 +187,7 @@ def test_the_backoff_and_a_requeue_count_from_the_servers_now(fast, slow, fetch,
     assert slow.call("repo", "find_dispatchable") == []
     assert fast.call("repo", "mark_processing", ids[0], "fast-relay") is False
 
-    fetch("UPDATE outbox_event SET status = 'failed', available_at = UTC_TIMESTAMP(6)")
+    fetch(f"UPDATE outbox_event SET status = 'failed', available_at = {FAMILY.UTC_NOW}")
     assert fast.call("repo", "requeue_failed") == 2
     # Requeued events are dispatchable now (today: 2 minutes from now, on the fast host).
     assert all(-1 < s < SLACK_S for s in seconds_from_now(fetch, "available_at"))
@@ -195,8 +196,8 @@ def test_the_backoff_and_a_requeue_count_from_the_servers_now(fast, slow, fetch,
 
 def test_the_pending_age_is_the_same_on_every_host(fast, slow, fetch, outbox):
     new_event(outbox)
-    fetch("UPDATE outbox_event SET available_at = available_at - INTERVAL 30 SECOND,"
-          " created_at = created_at - INTERVAL 30 SECOND")
+    fetch(f"UPDATE outbox_event SET available_at = available_at - {FAMILY.interval('30 SECOND')},"
+          f" created_at = created_at - {FAMILY.interval('30 SECOND')}")
     # Today the slow host reports no pending age at all (the alert stays silent), the fast
     # one 150 s.
     for host in (slow, fast):
@@ -207,8 +208,8 @@ def test_the_pending_age_is_the_same_on_every_host(fast, slow, fetch, outbox):
 def test_a_relays_lag_metric_is_the_same_on_every_host(fast, slow, fetch, outbox):
     for host in (fast, slow):
         seed(outbox, 5)
-        fetch("UPDATE outbox_event SET available_at = available_at - INTERVAL 10 SECOND"
-              " WHERE status = 'pending'")
+        fetch("UPDATE outbox_event SET available_at = available_at"
+              f" - {FAMILY.interval('10 SECOND')} WHERE status = 'pending'")
         lags = host.call("host", "relay_lags")
         # Today: 130 s on the fast host, -110 s (so 0 in the histogram) on the slow one.
         assert len(lags) == 5 and all(10 - SLACK_S < lag < 12 for lag in lags), lags
@@ -222,7 +223,8 @@ def test_a_relays_lag_metric_is_the_same_on_every_host(fast, slow, fetch, outbox
 
 def test_purges_count_ages_on_the_servers_clock(fast, slow, fetch, outbox, db):
     assert outbox.mark_published_many(claim_all(outbox, "w", 4), "w") == 4
-    fetch("UPDATE outbox_event SET published_at = UTC_TIMESTAMP(6) - INTERVAL 90 SECOND")
+    fetch(f"UPDATE outbox_event SET published_at = {FAMILY.UTC_NOW}"
+          f" - {FAMILY.interval('90 SECOND')}")
     # 90 s old: not older than 100 s on the fast host (today it purged them: 210 s by its
     # clock), older than 60 s on the slow one (today: 0, only -30 s by its clock).
     assert fast.call("repo", "purge_published", 100) == 0
@@ -238,9 +240,8 @@ def test_purges_count_ages_on_the_servers_clock(fast, slow, fetch, outbox, db):
     for n in range(3):
         assert fast.call("inbox", "accept", f"m{n}", atomic=True) is True
     assert all(-1 < float(r["s"]) < SLACK_S for r in fetch(
-        "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), received_at) / 1e6 AS s"
-        " FROM inbox_message"))
-    fetch("UPDATE inbox_message SET received_at = received_at - INTERVAL 90 SECOND")
+        f"SELECT {FAMILY.seconds_from_now('received_at')} AS s FROM inbox_message"))
+    fetch(f"UPDATE inbox_message SET received_at = received_at - {FAMILY.interval('90 SECOND')}")
     assert fast.call("inbox", "purge", 100) == 0
     assert fast.call("inbox_module", "count_older_than", 100) == 0
     assert fast.call("host", "cli", "inbox", "purge", "--older-than", "100s")[0] == 0
@@ -271,8 +272,8 @@ def test_two_relays_on_skewed_hosts_deliver_ten_events_once_each(
         db_url, outbox, fetch, exchange, tmp_path):
     ids = seed(outbox, 10)
     # Written an hour ago: dispatchable by any host's clock, so both relays see them.
-    fetch("UPDATE outbox_event SET available_at = available_at - INTERVAL 1 HOUR,"
-          " created_at = created_at - INTERVAL 1 HOUR")
+    fetch(f"UPDATE outbox_event SET available_at = available_at - {FAMILY.interval('1 HOUR')},"
+          f" created_at = created_at - {FAMILY.interval('1 HOUR')}")
     gate = tmp_path / "gate"
     gate.mkdir()
     # The slow host's relay claims the ten and publishes them, then holds its live claims.
@@ -317,7 +318,7 @@ def test_two_relays_on_skewed_hosts_deliver_ten_events_once_each(
 
 def test_the_default_clock_reads_the_server_once_then_per_refresh_and_new_connection(
         db, fetch):
-    reads = lambda statements: sum("UTC_TIMESTAMP" in s for s, _ in statements)  # noqa: E731
+    reads = lambda statements: sum(FAMILY.CLOCK_WORD in s for s, _ in statements)  # noqa: E731
     repo = OutboxRepository(db)
     inbox = Inbox(db, "c")
     with capture_sql(db) as statements:
@@ -348,6 +349,6 @@ def test_an_injected_clock_runs_no_sql_and_decides_every_instant(db, clock, fetc
     repo = OutboxRepository(db, clock=clock)
     with capture_sql(db) as statements:
         event = new_event(repo)
-    assert not any("UTC_TIMESTAMP" in s for s, _ in statements)
+    assert not any(FAMILY.CLOCK_WORD in s for s, _ in statements)
     assert fetch("SELECT created_at FROM outbox_event")[0]["created_at"] == clock.now.replace(
         tzinfo=None) == event.created_at.replace(tzinfo=None)

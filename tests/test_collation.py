@@ -2,7 +2,9 @@
 
 Before it the columns compared by ``utf8mb4_unicode_ci``, which takes each pair below for one
 value: ordered claims handed out one head per pair, and a dead letter of one held the other
-back.
+back. On PostgreSQL every built-in collation is deterministic (``=`` compares bytes), so the
+pairs are distinct there whatever the database's locale; the columns are ``COLLATE "C"``
+anyway, so that a nondeterministic default could not merge them.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import pytest
 
 from outbox_lite import migrate as schema
 
-from conftest import seed
+from _helpers import FAMILY, seed
 
 PAIRS = [("Order-1", "order-1"), ("cafe", "café"), ("straße", "strasse"), ("A1", "Ａ１"),
          ("user-😀", "user-🍕")]
@@ -64,7 +66,8 @@ def test_the_migration_converts_a_table_with_rows_and_keeps_them(db_url, repo, d
     assert schema.migrate(database) == ["005_exact_aggregate_ids"]
     database.close()
     assert fetch("SELECT * FROM outbox_event ORDER BY id") == before
-    assert fetch("CHECK TABLE outbox_event")[0]["Msg_text"] == "OK"
+    if FAMILY.name == "mysql":  # InnoDB's own check of the converted table and its indexes
+        assert fetch("CHECK TABLE outbox_event")[0]["Msg_text"] == "OK"
     with db.atomic():
         heads = repo.claim_batch("w", limit=100, ordered=True)
     assert sorted(e.aggregate_id for e in heads) == sorted(aggregates)  # ten aggregates

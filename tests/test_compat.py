@@ -11,18 +11,28 @@ import pytest
 import outbox_lite
 from outbox_lite.cli import main
 
+from _helpers import FAMILY
+
 
 def test_a_url_database_connects_like_peewees_own_without_a_warning(db_url):
     database = db_url.database()
-    assert isinstance(database, pw.MySQLDatabase)
+    assert isinstance(database, pw.MySQLDatabase if FAMILY.name == "mysql"
+                      else pw.PostgresqlDatabase)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         database.connect()
     assert [str(w.message) for w in caught] == []
     conn = database.connection()
-    assert conn.get_autocommit()  # as Peewee's own connect: transactions are atomic()'s
-    row = database.execute_sql("SELECT DATABASE(), @@character_set_connection").fetchone()
-    assert row == (db_url.name, "utf8mb4")
+    # As Peewee's own connect: transactions are atomic()'s.
+    assert conn.get_autocommit() if FAMILY.name == "mysql" else conn.autocommit
+    if FAMILY.name == "mysql":
+        row = database.execute_sql("SELECT DATABASE(), @@character_set_connection").fetchone()
+        assert row == (db_url.name, "utf8mb4")
+    else:  # the client's encoding, and the database's: UTF8 both, or text would change
+        row = database.execute_sql(
+            "SELECT current_database(), current_setting('client_encoding'),"
+            " current_setting('server_encoding')").fetchone()
+        assert tuple(row) == (db_url.name, "UTF8", "UTF8")
     database.close()
 
 

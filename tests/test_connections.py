@@ -1,8 +1,9 @@
 """Broken connections on the real server: what reaches the caller, reconnect(), and the
 README's worker loop and commit-retry pattern, run exactly as the README prints them.
 
-Connections are killed from a second connection with KILL CONNECTION; each test waits until
-the server no longer lists the killed connection (its state, not a timer).
+Connections are killed from a second connection (MySQL's KILL CONNECTION, PostgreSQL's
+pg_terminate_backend); each test waits until the server no longer lists the killed connection
+(its state, not a timer).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from outbox_lite import (
     reconnect,
 )
 
-from conftest import FakeClock, QuietMySQLDatabase, QuietPooledMySQLDatabase, seed
+from _helpers import FAMILY, FakeClock, seed
 
 from _docs import block as docs_block
 
@@ -34,10 +35,9 @@ def readme_block(page: str, *containing: str) -> str:
 
 
 def kill(fetch, connection_id: int) -> None:
-    fetch(f"KILL CONNECTION {connection_id}")
+    fetch(FAMILY.kill_sql(connection_id))
     for _ in range(1000):  # until the server has let it go
-        if not fetch("SELECT id FROM information_schema.processlist WHERE id = %s",
-                     connection_id):
+        if not fetch(FAMILY.SESSION_ALIVE, connection_id):
             return
         time.sleep(0.005)
     raise AssertionError(f"connection {connection_id} outlived its KILL")
@@ -52,7 +52,7 @@ class _Killable:
     kills = 0
 
     def connection_id(self) -> int:
-        return super().execute_sql("SELECT CONNECTION_ID()").fetchone()[0]  # type: ignore[misc]
+        return FAMILY.session_id(super())
 
     def kill_now(self) -> None:
         kill(self.fetch, self.connection_id())
@@ -65,17 +65,18 @@ class _Killable:
         return super().execute_sql(sql, params, *args, **kwargs)  # type: ignore[misc]
 
 
-# Peewee's classes as a service uses them, connecting with database= (QuietMySQLDatabase) so
-# that Peewee 3's deprecated db= does not fail the run: reconnecting is Peewee's, unchanged.
-class Plain(_Killable, QuietMySQLDatabase):
+# Peewee's classes as a service uses them (FAMILY.database_class: on MySQL connecting with
+# database=, so that Peewee 3's deprecated db= does not fail the run): reconnecting is
+# Peewee's, unchanged.
+class Plain(_Killable, FAMILY.database_class()):  # type: ignore[misc]
     pass
 
 
-class Pooled(_Killable, QuietPooledMySQLDatabase):
+class Pooled(_Killable, FAMILY.pooled_class()):  # type: ignore[misc]
     pass
 
 
-class Reconnecting(_Killable, ReconnectMixin, QuietMySQLDatabase):
+class Reconnecting(_Killable, ReconnectMixin, FAMILY.database_class()):  # type: ignore[misc]
     pass
 
 
@@ -243,7 +244,7 @@ def test_an_unreachable_server_is_a_connection_error_and_reconnect_says_false(db
 # A COMMIT that fails may have committed: the README's pattern
 # ---------------------------------------------------------------------------
 
-class CommitReplyLost(QuietMySQLDatabase):
+class CommitReplyLost(FAMILY.database_class()):  # type: ignore[misc]
     """The server commits, and the client never hears so: the first COMMIT "fails"."""
 
     lose_next_reply = True
@@ -252,7 +253,7 @@ class CommitReplyLost(QuietMySQLDatabase):
         super().commit()
         if self.lose_next_reply:
             self.lose_next_reply = False
-            raise pw.OperationalError(2013, "Lost connection to MySQL server during query")
+            raise FAMILY.lost_connection_error()
 
 
 @pytest.mark.parametrize("deterministic_key", [True, False])

@@ -11,7 +11,7 @@ from outbox_lite import OutboxRepository
 from outbox_lite.cli import main
 from outbox_lite.contention import SCENARIOS, ContentionSuite, format_table
 
-from conftest import TEST_URL
+from _helpers import FAMILY, TEST_URL
 
 
 @pytest.fixture
@@ -35,15 +35,15 @@ def test_each_scenario_holds_its_invariants(suite_url, scenario):
 def test_the_run_drops_its_database_unless_kept(suite_url):
     ContentionSuite(suite_url, workers=2, events=10).run(["batch"])
     conn = suite_url.server_connection()
-    with conn.cursor() as cur:
-        cur.execute("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = %s",
-                    (suite_url.name,))
-        assert cur.fetchone() == (0,)
+    try:
+        cur = conn.cursor()
+        cur.execute(FAMILY.DATABASE_COUNT, (suite_url.name,))
+        assert tuple(cur.fetchone()) == (0,)
         ContentionSuite(suite_url, workers=2, events=10, keep=True).run(["batch"])
-        cur.execute("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = %s",
-                    (suite_url.name,))
-        assert cur.fetchone() == (1,)
-    conn.close()
+        cur.execute(FAMILY.DATABASE_COUNT, (suite_url.name,))
+        assert tuple(cur.fetchone()) == (1,)
+    finally:
+        conn.close()
 
 
 class _NoFencing(OutboxRepository):
@@ -160,13 +160,11 @@ def test_cli_refuses_bad_sizes():
 
 
 def _tables(url):
-    conn = url.server_connection()
-    with conn.cursor() as cur:
-        cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
-                    " ORDER BY table_name", (url.name,))
-        tables = [row[0] for row in cur.fetchall()]
-    conn.close()
-    return tables
+    database = url.database()
+    try:
+        return FAMILY.tables(database)
+    finally:
+        database.close()
 
 
 def test_an_existing_database_is_refused_and_left_alone(suite_url):
@@ -196,7 +194,7 @@ def test_cli_refuses_an_existing_contention_database_in_one_line(capsys):
     target.create_database()
     try:
         target.database().execute_sql("CREATE TABLE precious (id INT PRIMARY KEY)")
-        url = f"mysql://{TEST_URL.user}@{TEST_URL.host}:{TEST_URL.port}/{name}"
+        url = TEST_URL.with_name(name).secret_text()
         args = ["contention", "--database-url", url, "--scenario", "batch", "--workers", "2",
                 "--events", "10", "--json"]
         assert main(args) == 1

@@ -19,7 +19,7 @@ from outbox_lite import (
     TransactionRequiredError,
 )
 
-from conftest import T0, capture_sql, run_threads
+from _helpers import FAMILY, T0, capture_sql, run_threads
 
 EVENT = dict(event_type="job.created", aggregate_type="ai_job", aggregate_id="42",
              payload={"job_id": 42, "model": "small", "tags": ["a", "b"]})
@@ -87,7 +87,7 @@ def test_duplicate_dedupe_key_raises_and_the_transaction_stays_usable(db, repo, 
 def _other_writer(db_url):
     """A second writer on a connection of its own, that waits at most a second for a lock."""
     database = db_url.database()
-    database.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+    FAMILY.limit_lock_waits(database, 1)
     return database, OutboxRepository(database)
 
 
@@ -97,7 +97,9 @@ def test_a_committed_duplicate_is_refused_without_a_lock_that_holds_up_writers(
     both servers: there an INSERT refused by the unique key leaves a lock that holds up other
     writers until the caller's transaction ends (on MySQL a gap lock at the end of the primary
     key that blocks every writer; on MariaDB the gap just before the duplicate's key,
-    tests/test_write_round_trip.py). The other writer goes on."""
+    tests/test_write_round_trip.py). The other writer goes on. PostgreSQL (READ COMMITTED by
+    default) sends one INSERT … ON CONFLICT DO NOTHING, refused without an error and without a
+    lock on anything but the duplicate's own key."""
     with db.atomic():
         repo.create_in_transaction(**EVENT, dedupe_key="job-42")
     other, other_repo = _other_writer(db_url)
@@ -108,7 +110,7 @@ def test_a_committed_duplicate_is_refused_without_a_lock_that_holds_up_writers(
             other_repo.create_in_transaction(**EVENT, dedupe_key="job-43")
     other.close()
     sent = [sql.split()[0] for sql, _ in statements if sql.split()[0] != "BEGIN"]
-    assert sent == ["SELECT"], statements
+    assert sent == (["SELECT"] if FAMILY.GAP_LOCKS else ["INSERT"]), statements
     assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
         "job-42", "job-43"]
 
@@ -118,7 +120,8 @@ def test_a_duplicate_from_a_race_holds_up_writers_until_the_refused_transaction_
     """The one case the plain read cannot see: the other transaction had not committed yet.
     The INSERT then waits for it and is refused, and both servers keep a lock (under
     REPEATABLE READ) that holds up other writers' events until the refused transaction ends:
-    the README tells callers to end it soon."""
+    the README tells callers to end it soon. PostgreSQL has no gap locks: the other writer
+    goes on."""
     first = db_url.database()
     first_repo = OutboxRepository(first)
     outcome: list[BaseException] = []
@@ -130,8 +133,7 @@ def test_a_duplicate_from_a_race_holds_up_writers_until_the_refused_transaction_
         def racer() -> None:
             other, other_repo = _other_writer(db_url)  # connections are per thread
             try:
-                racer_connection.append(
-                    db.execute_sql("SELECT CONNECTION_ID()").fetchone()[0])
+                racer_connection.append(FAMILY.session_id(db))
                 with db.atomic():
                     try:
                         repo.create_in_transaction(**EVENT, dedupe_key="race")
@@ -151,16 +153,21 @@ def test_a_duplicate_from_a_race_holds_up_writers_until_the_refused_transaction_
         thread = threading.Thread(target=racer)
         thread.start()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (racer_connection and fetch(
-                "SELECT 1 FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
-                " AND trx_mysql_thread_id = %s", racer_connection[0])):
+        while time.monotonic() < deadline and not (
+                racer_connection and FAMILY.waits_for_lock(fetch, racer_connection[0])):
             time.sleep(0.1)  # until the racer's INSERT waits on ours (the table refreshes at 0.1 s)
     thread.join(timeout=30)
     first.close()
     assert not thread.is_alive() and isinstance(outcome[0], DuplicateEventError), outcome
-    assert len(outcome) == 2 and isinstance(outcome[1], LockConflictError), outcome
-    assert outcome[1].errno == 1205
-    assert [r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")] == ["race"]
+    if FAMILY.GAP_LOCKS:
+        assert len(outcome) == 2 and isinstance(outcome[1], LockConflictError), outcome
+        assert outcome[1].errno == FAMILY.LOCK_WAIT
+        assert [r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")] == [
+            "race"]
+    else:  # PostgreSQL: the other writer did not wait
+        assert len(outcome) == 1, outcome
+        assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
+            "new", "race"]
 
 
 def test_dedupe_keys_are_exact_not_case_folded(db, repo, fetch):

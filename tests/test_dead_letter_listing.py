@@ -9,7 +9,7 @@ import json
 
 from outbox_lite.cli import main
 
-from conftest import new_event
+from _helpers import new_event
 
 
 def _dead_letter(repo, n, code, message, attempts=1, failed_ago=None, fetch=None):

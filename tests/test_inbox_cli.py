@@ -12,12 +12,14 @@ from outbox_lite import migrate as schema
 from outbox_lite._db import DatabaseUrl
 from outbox_lite.cli import main
 
+from _helpers import FAMILY
+
 
 def _url_of(url, user=None, password=None):
     user = user or url.user
     password = url.password if password is None else password
     auth = user + (f":{password}" if password else "")
-    return f"mysql://{auth}@{url.host}:{url.port}/{url.name}"
+    return f"{FAMILY.SCHEME}://{auth}@{url.host}:{url.port}/{url.name}"
 
 
 @pytest.fixture
@@ -27,8 +29,8 @@ def records(fetch):
     for consumer, message_id, age in [("billing", "a", "10 DAY"), ("billing", "b", "3 DAY"),
                                       ("billing", "c", "1 MINUTE"), ("shipping", "a", "10 DAY"),
                                       ("shipping", "d", "3 DAY")]:
-        fetch("INSERT INTO inbox_message VALUES (%s, %s, UTC_TIMESTAMP(6) - INTERVAL "
-              + age + ")", consumer, message_id)
+        fetch(f"INSERT INTO inbox_message VALUES (%s, %s, {FAMILY.UTC_NOW}"
+              f" - {FAMILY.interval(age)})", consumer, message_id)
 
 
 def _left(fetch):
@@ -78,7 +80,7 @@ def test_a_dry_run_counts_and_changes_nothing(db_url, records, fetch, capsys):
 ])
 def test_bad_flags_are_one_line_naming_the_command(args, words, capsys):
     with pytest.raises(SystemExit) as info:
-        main(["inbox", "purge", *args, "--database-url", "mysql://root@127.0.0.1:1/x"])
+        main(["inbox", "purge", *args, "--database-url", f"{FAMILY.SCHEME}://root@127.0.0.1:1/x"])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("outbox-lite inbox purge: error: ") and words in err, err
@@ -94,9 +96,10 @@ def test_inbox_without_an_action_is_a_usage_error(capsys):
 
 def test_server_errors_are_one_line_with_exit_1(db_url, capsys):
     assert main(["inbox", "purge", "--older-than", "7d", "--database-url",
-                 "mysql://root@127.0.0.1:1/outbox_x"]) == 1
+                 f"{FAMILY.SCHEME}://root@127.0.0.1:1/outbox_x"]) == 1
     assert capsys.readouterr().err == (
-        "outbox-lite inbox purge: error: cannot reach the MySQL server at 127.0.0.1:1\n")
+        f"outbox-lite inbox purge: error: cannot reach the {FAMILY.SERVER_NAME} server at"
+        " 127.0.0.1:1\n")
     database = db_url.database()
     assert schema.rollback(database) == "005_exact_aggregate_ids"
     assert schema.rollback(database) == "004_create_inbox_message"

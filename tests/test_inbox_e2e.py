@@ -20,6 +20,7 @@ import pytest
 from outbox_lite.publishers import message_id
 
 from _brokers import SHARED_RABBITMQ
+from _helpers import FAMILY
 from _redis import SHARED_REDIS
 
 TESTS = Path(__file__).resolve().parent
@@ -138,9 +139,9 @@ def _kill(process):
 
 def test_kills_of_consumers_and_of_a_relay_leave_each_business_row_exactly_once(
         broker, db, db_url, repo, fetch, tmp_path, processes):
-    db.execute_sql("CREATE TABLE effect (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+    db.execute_sql(f"CREATE TABLE effect ({FAMILY.SERIAL_ID},"
                    " message_id VARCHAR(704) NOT NULL, n INT NOT NULL, pid INT NOT NULL)")
-    db.execute_sql("CREATE TABLE delivery (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+    db.execute_sql(f"CREATE TABLE delivery ({FAMILY.SERIAL_ID},"
                    " message_id VARCHAR(704) NOT NULL, accepted BOOL NOT NULL,"
                    " pid INT NOT NULL)")
     with db.atomic():

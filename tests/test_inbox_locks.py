@@ -1,11 +1,12 @@
 """How the inbox locks, on the real server: accepts of different ids never wait on each other,
 and racing deliveries of one id end with exactly one record and one effect.
 
-A wait is made visible by the session's ``innodb_lock_wait_timeout`` of 1 s: each probe runs in
-a transaction of its own while the contending transaction stays open for as long as the probe
-takes, so a probe that waits at all fails with 1205 (LockConflictError). The probes are the
-ids that sort right before and right after the contended one, inside the gap its neighbours
-bound (committed records ``m2`` and ``m8`` around ``m5``) and past the last record.
+A wait is made visible by the session's lock wait limit of 1 s: each probe runs in a
+transaction of its own while the contending transaction stays open for as long as the probe
+takes, so a probe that waits at all fails with the lock-wait error (LockConflictError: MySQL
+1205, PostgreSQL 55P03). The probes are the ids that sort right before and right after the
+contended one, inside the gap its neighbours bound (committed records ``m2`` and ``m8`` around
+``m5``) and past the last record. PostgreSQL has no gap locks (FAMILY.GAP_LOCKS).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import pytest
 
 from outbox_lite import Inbox, LockConflictError
 
+from _helpers import FAMILY, run_threads
 from _sessions import ThreadSession
-from conftest import run_threads
 
 ISOLATION_LEVELS = ["REPEATABLE READ", "READ COMMITTED", "SERIALIZABLE"]
 NEIGHBOURS = ["m4", "m6", "m3", "m7"]  # m5 contended; m2 and m8 committed around it
@@ -73,8 +74,8 @@ def probe(sessions: Callable[..., Session], ids: list[str], isolation: str) -> d
 @pytest.fixture
 def bounded(fetch):
     """Committed records on either side of the contended id's gap."""
-    fetch("INSERT INTO inbox_message VALUES ('c', 'm2', UTC_TIMESTAMP(6)),"
-          " ('c', 'm8', UTC_TIMESTAMP(6))")
+    fetch(f"INSERT INTO inbox_message VALUES ('c', 'm2', {FAMILY.UTC_NOW}),"
+          f" ('c', 'm8', {FAMILY.UTC_NOW})")
 
 
 @pytest.mark.parametrize("isolation", ISOLATION_LEVELS)
@@ -84,7 +85,7 @@ def test_an_open_accept_makes_no_other_id_wait(sessions, bounded, isolation):
     assert a.accept("m5") is True
     ids = [*NEIGHBOURS, "m1", "m9", "n0"]
     assert probe(sessions, ids, isolation) == {i: True for i in ids}
-    assert probe(sessions, ["m5"], isolation) == {"m5": 1205}  # the probe sees a wait
+    assert probe(sessions, ["m5"], isolation) == {"m5": FAMILY.LOCK_WAIT}  # it sees a wait
     a.commit()
     assert probe(sessions, ["m5"], isolation) == {"m5": False}
 
@@ -102,7 +103,7 @@ def test_the_last_id_open_makes_no_later_id_wait(sessions, isolation):
 @pytest.mark.parametrize("isolation", ISOLATION_LEVELS)
 def test_a_redelivery_answered_false_in_an_open_transaction_makes_nobody_wait(
         sessions, bounded, fetch, isolation):
-    fetch("INSERT INTO inbox_message VALUES ('c', 'm5', UTC_TIMESTAMP(6))")
+    fetch(f"INSERT INTO inbox_message VALUES ('c', 'm5', {FAMILY.UTC_NOW})")
     b = sessions()
     b.begin(isolation)
     assert b.accept("m5") is False
@@ -117,7 +118,7 @@ def test_a_redelivery_answered_false_in_an_open_transaction_makes_nobody_wait(
 def _twin_waiting_for_m5(sessions, fetch, isolation):
     """Session a has accepted m5 and not committed; b's accept of m5 waits for it."""
     a, b = sessions(), sessions()
-    b.run(b.db.execute_sql, "SET SESSION innodb_lock_wait_timeout = 30")
+    b.run(FAMILY.limit_lock_waits, b.db, 30)
     a.begin(isolation)
     assert a.accept("m5") is True
     b.begin(isolation)
@@ -129,10 +130,21 @@ def _twin_waiting_for_m5(sessions, fetch, isolation):
 @pytest.mark.parametrize("isolation", ISOLATION_LEVELS)
 def test_a_twin_waiting_for_the_first_delivery_gets_false_once_it_commits(
         sessions, bounded, fetch, isolation):
+    """On PostgreSQL above READ COMMITTED the twin's snapshot cannot see the record it waited
+    for: the server answers a serialization failure (40001), a LockConflictError to retry,
+    and the retry's new snapshot sees it (False)."""
     a, b, twin = _twin_waiting_for_m5(sessions, fetch, isolation)
     assert probe(sessions, NEIGHBOURS, isolation) == {i: True for i in NEIGHBOURS}
     a.commit()
-    assert twin.result(timeout=30) is False
+    if FAMILY.name == "postgresql" and isolation != "READ COMMITTED":
+        with pytest.raises(LockConflictError) as info:
+            twin.result(timeout=30)
+        assert info.value.errno == "40001"
+        b.rollback()
+        b.begin(isolation)
+        assert b.run(b.inbox.accept, "m5") is False
+    else:
+        assert twin.result(timeout=30) is False
     assert probe(sessions, NEIGHBOURS, isolation) == {i: True for i in NEIGHBOURS}
     b.commit()
     assert fetch("SELECT message_id FROM inbox_message ORDER BY message_id") == [
@@ -145,24 +157,24 @@ def test_a_twin_waiting_for_a_first_delivery_that_rolls_back_gets_true_and_its_g
     """What InnoDB does, on both servers, at every isolation level: when the first delivery
     rolls back, its record is removed and the waiting twin's lock is handed on to the gap
     (lock inheritance), so until the twin's transaction ends, inserts into that gap wait.
-    This is the one case in which accepts of different ids wait on each other (README)."""
+    This is the one case in which accepts of different ids wait on each other (README).
+    PostgreSQL has no gap locks: nobody waits."""
     a, b, twin = _twin_waiting_for_m5(sessions, fetch, isolation)
     a.rollback()
     assert twin.result(timeout=30) is True
+    gap = FAMILY.LOCK_WAIT if FAMILY.GAP_LOCKS else True  # the gap from m2 to m8
     assert probe(sessions, ["m4", "m6", "m1", "m9"], isolation) == {
-        "m4": 1205, "m6": 1205, "m1": True, "m9": True}  # the gap from m2 to m8
+        "m4": gap, "m6": gap, "m1": True, "m9": True}
     b.commit()
     assert probe(sessions, NEIGHBOURS, isolation) == {i: True for i in NEIGHBOURS}
 
 
 def _until_waiting(fetch, session: Session) -> None:
-    """Until ``session``'s transaction waits for a row lock (information_schema.INNODB_TRX,
-    the same on both servers): a twin that has not reached its wait proves nothing. InnoDB
-    refreshes that table's cache only when it was not read for 0.1 s, hence the pause."""
+    """Until ``session``'s transaction waits for a row lock (FAMILY.waits_for_lock): a twin
+    that has not reached its wait proves nothing. InnoDB refreshes its view of waits only when
+    it was not read for 0.1 s, hence the pause."""
     deadline = time.monotonic() + 10
-    while fetch("SELECT trx_state AS state FROM information_schema.INNODB_TRX"
-                " WHERE trx_mysql_thread_id = %s", session.connection_id) != [
-            {"state": "LOCK WAIT"}]:
+    while not FAMILY.waits_for_lock(fetch, session.connection_id):
         assert time.monotonic() < deadline, "the twin never waited"
         time.sleep(0.15)
 
@@ -171,7 +183,7 @@ def _until_waiting(fetch, session: Session) -> None:
 # Racing deliveries of one id: exactly one effect
 # ---------------------------------------------------------------------------
 
-EFFECT = ("CREATE TABLE effect (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+EFFECT = (f"CREATE TABLE effect ({FAMILY.SERIAL_ID},"
           " message_id VARCHAR(64) NOT NULL, worker INT NOT NULL)")
 
 
@@ -239,7 +251,7 @@ def test_accepts_of_distinct_ids_from_many_threads_all_succeed_without_conflict(
     inbox = Inbox(db, "c")
 
     def work(i: int) -> list[str]:
-        db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+        FAMILY.limit_lock_waits(db, 1)
         return [_deliver(db, inbox, f"t{i}-{k:03d}", i, lambda: False)[-1] for k in range(40)]
 
     results, errors = run_threads(8, work, db)

@@ -8,7 +8,7 @@ import pytest
 
 from outbox_lite import InvalidEventError
 
-from conftest import claim_all, T0, run_threads, seed
+from _helpers import claim_all, T0, run_threads, seed
 
 
 def test_renewed_claims_survive_the_release_of_expired_ones(db, repo, fetch, clock):

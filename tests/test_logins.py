@@ -30,7 +30,7 @@ from outbox_lite._server import Server, server_of
 from outbox_lite.relay import Relay
 
 from _tls import TLSMariaDB, TLSServer, mysql_own
-from conftest import TEST_URL, QuietMySQLDatabase, seed
+from _helpers import TEST_URL, QuietMySQLDatabase, seed
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "Login-Pass-42!"  # never to appear in any output

@@ -25,7 +25,7 @@ from outbox_lite import InvalidEventError
 from outbox_lite.metrics import LAG_BUCKETS, RelayMetrics
 from outbox_lite.relay import Relay
 
-from conftest import seed
+from _helpers import seed
 
 TESTS = Path(__file__).resolve().parent
 FAMILIES = {  # SPEC §8: name (as the parser names it) -> kind

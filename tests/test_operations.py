@@ -14,7 +14,7 @@ import pytest
 from outbox_lite import InvalidEventError, OutboxRepository
 from outbox_lite.cli import main
 
-from conftest import capture_sql, new_event, seed
+from _helpers import capture_sql, new_event, seed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -274,7 +274,7 @@ def test_cli_refuses_wrong_credentials_without_echoing_them(db_url):
 def test_the_documented_migration_grants_are_enough(fetch):
     from outbox_lite import migrate as schema
     from outbox_lite._db import DatabaseUrl
-    from conftest import TEST_URL
+    from _helpers import TEST_URL
     user, password = f"ol_mig_{os.getpid()}", "mig-Pass-123"
     target = TEST_URL.with_name(f"{TEST_URL.name}_grants_{os.getpid()}")
     target.drop_database()
@@ -325,7 +325,7 @@ def test_durations_beyond_the_clock_are_invalid_before_any_sql(repo, fetch, cloc
 
 
 def test_a_duration_reaching_before_the_year_1000_is_invalid(db, fetch):
-    from conftest import FakeClock
+    from _helpers import FakeClock
     clock = FakeClock(dt.datetime(1010, 1, 1, tzinfo=dt.timezone.utc))
     repo = OutboxRepository(db, clock=clock)
     with pytest.raises(InvalidEventError, match="before the year 1000"):

@@ -10,7 +10,7 @@ import pytest
 
 from outbox_lite import InvalidEventError
 
-from conftest import T0, run_threads
+from _helpers import FAMILY, T0, run_threads
 
 
 def _events(repo, plan):
@@ -122,7 +122,7 @@ def test_ordered_claim_does_not_block_a_writer_of_the_same_aggregate(db, repo, f
         assert len(repo.claim_batch("holder", ordered=True)) == 1
 
         def writer(_):
-            db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+            FAMILY.limit_lock_waits(db, 1)
             with db.atomic():
                 return repo.create_in_transaction(event_type="e", aggregate_type="job",
                                                   aggregate_id="a", payload={}).id
@@ -193,7 +193,7 @@ def test_racing_ordered_claimers_get_disjoint_heads_without_waiting(db, repo, fe
     ids = _events(repo, [(str(n % 50), n) for n in range(200)])
 
     def claim(i):
-        db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+        FAMILY.limit_lock_waits(db, 1)
         with db.atomic():
             return [e.id for e in repo.claim_batch(f"w{i}", limit=10, ordered=True)]
 

@@ -9,7 +9,7 @@ import pytest
 
 from outbox_lite import Backoff, InvalidEventError, OutboxRepository
 
-from conftest import T0, new_event, seed
+from _helpers import T0, new_event, seed
 
 
 def _claim(repo, worker="w1"):

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+import peewee as pw
 import pymysql
 import pytest
 
@@ -27,9 +28,9 @@ from outbox_lite import _sql as sql
 from outbox_lite import migrate as schema
 from outbox_lite._db import DatabaseUrl
 
+from _helpers import FAMILY, capture_sql
 from _redis import SHARED_REDIS
 from _servers import own_server
-from conftest import capture_sql
 
 LIMIT = 65_536
 _names = itertools.count()
@@ -268,15 +269,15 @@ def test_the_relay_command_publishes_past_an_unreadable_row(packet_url, small_pa
 # ---------------------------------------------------------------------------
 
 def test_a_stored_payload_that_is_not_json_is_its_rows_dead_letter(repo, db, fetch, server):
-    """MySQL's JSON type refuses such text (3140); MariaDB's JSON is LONGTEXT whose CHECK a
-    table made or altered by hand may lack."""
+    """MySQL's JSON type refuses such text (3140), and so does PostgreSQL's json (22P02);
+    MariaDB's JSON is LONGTEXT whose CHECK a table made or altered by hand may lack."""
     insert = ("INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key,"
               " payload, available_at, created_at, updated_at) VALUES ('t', 'a', 'x', 'bad',"
               " 'not json', '2026-01-01', '2026-01-01', '2026-01-01')")
     if not server.is_mariadb:
-        with pytest.raises(pymysql.MySQLError) as refused:
+        with pytest.raises(pw.DatabaseError) as refused:
             fetch(insert)
-        assert refused.value.args[0] == 3140
+        assert FAMILY.error_code(refused.value) == (3140 if FAMILY.name == "mysql" else "22P02")
         return
     fetch("ALTER TABLE outbox_event MODIFY payload LONGTEXT NOT NULL")  # no json_valid CHECK
     fetch(insert)

@@ -12,7 +12,7 @@ import pytest
 from outbox_lite import CredentialInPayloadError, OutboxRepository, PayloadError
 from outbox_lite.payload import encode_payload, redact
 
-from conftest import new_event
+from _helpers import new_event
 
 # Built at run time so that no scanner mistakes this test table for leaked secrets.
 GH = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"

@@ -15,7 +15,7 @@ import pytest
 from outbox_lite import PayloadError
 from outbox_lite.payload import MAX_INTEGER, MIN_INTEGER, encode_payload
 
-from conftest import capture_sql
+from _helpers import capture_sql
 
 EVENT = dict(event_type="job.created", aggregate_type="ai_job", aggregate_id="1")
 

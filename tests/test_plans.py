@@ -6,7 +6,7 @@ import pytest
 
 from outbox_lite._server import EXPLAIN
 
-from conftest import capture_sql, seed
+from _helpers import capture_sql, seed
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from outbox_lite import InvalidEventError
 
-from conftest import claim_all, T0, run_threads, seed
+from _helpers import claim_all, T0, run_threads, seed
 
 
 def test_records_every_event_the_worker_holds(db, repo, fetch, clock):

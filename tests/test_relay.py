@@ -13,7 +13,7 @@ import pytest
 from outbox_lite import Backoff, InvalidEventError, OutboxRepository
 from outbox_lite.relay import Relay, default_worker_id
 
-from conftest import QuietMySQLDatabase, QuietPooledMySQLDatabase, capture_sql, seed
+from _helpers import FAMILY, capture_sql, seed
 
 
 class Broker:
@@ -284,7 +284,7 @@ def test_a_claim_that_fails_takes_the_carried_record_with_it_and_both_are_retrie
             ).fetchone()[0] == 10:  # the carried record is in, uncommitted: fail now
                 failures.append("deadlock")
                 from outbox_lite import LockConflictError
-                raise LockConflictError(1213, "Deadlock found (on purpose)")
+                raise LockConflictError(FAMILY.DEADLOCK, "Deadlock found (on purpose)")
             return super().claim_batch(*args, **kwargs)
 
     conflicted = ConflictOnce(db, clock=repo.clock)
@@ -376,7 +376,7 @@ def test_a_lock_conflict_while_recording_is_retried(db, db_url, repo, fetch):
 
     class Broker2(Broker):
         def publish(self, events):
-            db.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+            FAMILY.limit_lock_waits(db, 1)
             holders.append(threading.Thread(target=hold_rows))
             holders[0].start()
             assert holding.wait(10)
@@ -396,18 +396,16 @@ def test_a_lock_conflict_while_recording_is_retried(db, db_url, repo, fetch):
 @pytest.mark.parametrize("when", ["claim", "record"])
 def test_a_killed_connection_is_reconnected_and_nothing_is_lost_or_doubled(
         db_url, clock, fetch, kind, when):
-    params = dict(host=db_url.host, port=db_url.port, user=db_url.user,
-                  password=db_url.password, charset="utf8mb4")
     if kind == "pooled":
-        database = QuietPooledMySQLDatabase(db_url.name, max_connections=4, **params)
+        database = db_url.database(FAMILY.pooled_class(), max_connections=4)
     else:
-        database = QuietMySQLDatabase(db_url.name, autoconnect=kind == "autoconnect", **params)
+        database = db_url.database(FAMILY.database_class(), autoconnect=kind == "autoconnect")
     database.connect()
     kills = []
 
     def kill_own_connection():
-        connection_id = database.execute_sql("SELECT CONNECTION_ID()").fetchone()[0]
-        fetch(f"KILL CONNECTION {connection_id}")
+        connection_id = FAMILY.session_id(database)
+        fetch(FAMILY.kill_sql(connection_id))
         kills.append(connection_id)
 
     class KillingRepository(OutboxRepository):

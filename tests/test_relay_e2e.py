@@ -20,6 +20,7 @@ from outbox_lite import Backoff, OutboxRepository
 from outbox_lite.publishers.bullmq import BullMQPublisher, job_id
 from outbox_lite.relay import Relay
 
+from _helpers import FAMILY
 from _redis import SHARED_REDIS, consume
 from _relays import TESTS
 from _relays import StopsServerBefore as _StopsRedisBefore
@@ -199,8 +200,9 @@ def test_a_second_sigint_stops_at_once_leaving_the_claims_to_expire(
 
 
 @pytest.mark.parametrize("args,code,words", [
-    (["--database-url", "mysql://root@127.0.0.1:1/x", "--publisher",
-      "_relay_publishers:gated"], 1, "cannot reach the MySQL server at 127.0.0.1:1"),
+    (["--database-url", f"{FAMILY.SCHEME}://root@127.0.0.1:1/x", "--publisher",
+      "_relay_publishers:gated"], 1,
+     f"cannot reach the {FAMILY.SERVER_NAME} server at 127.0.0.1:1"),
     (["--bullmq-url", "redis://:Sup3rSecret@127.0.0.1:1/0", "--queue", "q"], 1,
      "unavailable"),
     (["--publisher", "_relay_publishers:missing"], 2, "_relay_publishers has no missing"),

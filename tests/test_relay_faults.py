@@ -13,22 +13,20 @@ import threading
 import time
 
 import peewee as pw
-import pymysql
 import pytest
 from playhouse.shortcuts import ReconnectMixin
 
 from outbox_lite import InvalidEventError, OutboxRepository
-from outbox_lite._compat import MySQLDatabase
 from outbox_lite.publishers.rabbitmq import RabbitMQPublisher
 from outbox_lite.relay import Relay
 
+from _helpers import FAMILY, capture_sql, seed
 from _proxy import Proxy
-from conftest import QuietPooledMySQLDatabase, capture_sql, seed
 
 TAKEN_OVER = "were taken over"
 
 
-class ReconnectingMySQLDatabase(ReconnectMixin, MySQLDatabase):
+class ReconnectingDatabase(ReconnectMixin, FAMILY.database_class()):  # type: ignore[misc]
     """Peewee's ReconnectMixin: a statement outside a transaction that meets a lost
     connection is run again on a new one (so an UPDATE whose answer was lost runs twice)."""
 
@@ -39,9 +37,9 @@ KINDS = ["plain", "pooled", "reconnect", "manual"]
 def _database(url, kind, **options):
     """A database of ``kind`` for ``url`` (``manual``: autoconnect=False, connected)."""
     if kind == "pooled":
-        return url.database(QuietPooledMySQLDatabase, max_connections=8, **options)
+        return url.database(FAMILY.pooled_class(), max_connections=8, **options)
     if kind == "reconnect":
-        return url.database(ReconnectingMySQLDatabase, **options)
+        return url.database(ReconnectingDatabase, **options)
     if kind == "manual":
         database = url.database(autoconnect=False, **options)
         database.connect()
@@ -51,7 +49,7 @@ def _database(url, kind, **options):
 
 @pytest.fixture
 def proxy(db_url):
-    forwarder = Proxy(db_url.host, db_url.port)
+    forwarder = Proxy(db_url.host, db_url.port, FAMILY.name)
     yield forwarder
     forwarder.close()
 
@@ -60,7 +58,7 @@ def proxy(db_url):
 def relay_db(request, db_url, proxy):
     """The relay's database of the test's ``kind``, reached through ``proxy``."""
     database = _database(db_url, request.param, host="127.0.0.1", port=proxy.port,
-                         ssl_disabled=True)  # the proxy reads the client's packets
+                         **FAMILY.PLAIN_TEXT)  # the proxy reads the client's packets
     yield database
     if not database.is_closed():
         database.close()
@@ -189,9 +187,10 @@ class _LocksOneRowThenStops:
         self.operator, self.stop = operator, stop
 
     def publish(self, events):
-        with self.operator.cursor() as cur:
-            cur.execute("BEGIN")
-            cur.execute("SELECT id FROM outbox_event WHERE id = %s FOR UPDATE", (events[0].id,))
+        cur = self.operator.cursor()  # the driver's own connection, in autocommit
+        cur.execute("BEGIN")
+        cur.execute("SELECT id FROM outbox_event WHERE id = %s FOR UPDATE", (events[0].id,))
+        cur.close()
         self.stop.set()
         return {}
 
@@ -202,11 +201,11 @@ class _LocksOneRowThenStops:
 def test_a_stop_gives_up_on_someone_elses_lock_at_the_claims_expiry(db, db_url, fetch,
                                                                      caplog):
     seed(OutboxRepository(db), 10)
-    # The server makes a statement wait 1 s for a lock (innodb_lock_wait_timeout): then
-    # 1205, which the relay retried at once, for ever (until the lock went).
-    relay_db = db_url.database(init_command="SET SESSION innodb_lock_wait_timeout = 1")
-    operator = pymysql.connect(database=db_url.name, host=db_url.host, port=db_url.port,
-                               user=db_url.user, password=db_url.password, autocommit=True)
+    # The server makes a statement wait 1 s for a lock (FAMILY.session_options): then the
+    # lock-wait error, which the relay retried at once, for ever (until the lock went).
+    relay_db = db_url.database(**FAMILY.session_options(None, wait=1))
+    operator_db = db_url.database()
+    operator = operator_db.connection()  # closed by the releaser's thread: the driver's own
     stop = threading.Event()
     relay = Relay(OutboxRepository(relay_db), _LocksOneRowThenStops(operator, stop),
                   batch_size=10, lock_timeout=3, progress_every=0, reconnect_pause=0.05,
@@ -220,8 +219,10 @@ def test_a_stop_gives_up_on_someone_elses_lock_at_the_claims_expiry(db, db_url, 
         took = time.monotonic() - started
     finally:
         releaser.cancel()
-        if operator.open:
+        try:
             operator.close()
+        except Exception:  # noqa: BLE001 - the releaser closed it already
+            pass
         relay_db.close()
     assert took < 3 + 2, f"run() returned {took:.1f} s after the stop"
     assert relay.stats.lock_conflicts >= 2
@@ -249,7 +250,7 @@ class _Slow:
 
 def test_relays_never_closed_return_their_pooled_connections(db, db_url, fetch, caplog):
     seed(OutboxRepository(db), 12)
-    pool = db_url.database(QuietPooledMySQLDatabase, max_connections=3)
+    pool = db_url.database(FAMILY.pooled_class(), max_connections=3)
     repo = OutboxRepository(pool)
     caplog.set_level(logging.INFO, logger="outbox_lite")
     relays = []

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import _proc
-from conftest import seed
+from _helpers import seed
 
 TESTS = Path(__file__).resolve().parent
 #: How long one stop may take: a relay records a batch of 50 in milliseconds; the bound is

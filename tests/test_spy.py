@@ -1,8 +1,8 @@
-"""The SQL spy the other tests rely on (``conftest.capture_sql``): it must see everything."""
+"""The SQL spy the other tests rely on (``_helpers.capture_sql``): it must see everything."""
 
 from __future__ import annotations
 
-from conftest import capture_sql, run_threads
+from _helpers import capture_sql, run_threads
 
 
 def test_records_every_statement_with_its_params_in_order(db, repo):

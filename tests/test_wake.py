@@ -13,7 +13,6 @@ from pathlib import Path
 
 import nats
 import peewee as pw
-import pymysql
 import pytest
 import redis
 
@@ -22,6 +21,7 @@ from outbox_lite import wake
 from outbox_lite.relay import Relay
 
 from _brokers import SHARED_NATS
+from _helpers import FAMILY
 from _redis import SHARED_REDIS
 from _relays import finish, relay_process
 
@@ -209,30 +209,27 @@ def test_a_wake_up_before_the_commit_costs_the_event_little(db_url, fetch):
     1, 2, 4 … ms instead of waiting out its poll pause."""
     relay = _RelayThread(db_url, wake=SHARED_REDIS, max_idle_pause=LONG)
     client = redis.Redis.from_url(SHARED_REDIS)
-    conn = pymysql.connect(host=db_url.host, port=db_url.port, user=db_url.user,
-                           password=db_url.password, database=db_url.name, autocommit=True)
+    service = db_url.database()
     try:
         _settle(relay.relay, 0.3)
         channel = wake.channel_of(SHARED_REDIS, db_url.name)
         delays = []
         for n, before_commit in enumerate((0.005, 0.02, 0.05)):
-            cur = conn.cursor()
-            conn.begin()
-            now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-            cur.execute("INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
-                        " dedupe_key, payload, status, available_at, created_at, updated_at)"
-                        " VALUES ('a', 'b', %s, %s, '{}', 'pending', %s, %s, %s)",
-                        (str(n), uuid.uuid4().hex, now, now, now))
-            event_id = cur.lastrowid
-            client.publish(channel, b"")  # the ring, before the COMMIT
-            time.sleep(before_commit)  # the rest of the service's transaction
-            conn.commit()
+            with service.atomic():
+                now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+                event_id = FAMILY.insert_id(
+                    service, "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
+                    " dedupe_key, payload, status, available_at, created_at, updated_at)"
+                    " VALUES ('a', 'b', %s, %s, '{}', 'pending', %s, %s, %s)",
+                    (str(n), uuid.uuid4().hex, now, now, now))
+                client.publish(channel, b"")  # the ring, before the COMMIT
+                time.sleep(before_commit)  # the rest of the service's transaction
             committed = time.monotonic()
             assert _wait_published(fetch, [event_id], 10.0)
             delays.append((before_commit, time.monotonic() - committed))
             _settle(relay.relay, 0.3)
     finally:
-        conn.close()
+        service.close()
         client.close()
         relay.stop()
     # The retry doubles: the event waits about as long again as its transaction had left

@@ -6,7 +6,10 @@ also asks the server about the session (``_session``), reads ``max_allowed_packe
 (``_packet``), reads the server's clock (``_clock``: again every 10 s; the ``repo`` fixture's
 clock is injected) and, once per repository, checks the table (``_schema``); after that, each
 ``create_in_transaction`` sends what is counted here. What each statement locks, measured on
-both servers, is in ``outbox_lite/_sql.py`` (``INSERT_UNLESS_TAKEN``).
+both servers, is in ``outbox_lite/_sql.py`` (``INSERT_UNLESS_TAKEN``). On PostgreSQL the write
+is one ``INSERT … ON CONFLICT DO NOTHING`` at every level: a unique index there waits only for an
+uncommitted row of the same key, never on a gap, and a refusal is no error (an error would abort
+the caller's transaction).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import capture_sql
+from _helpers import FAMILY, capture_sql
 from outbox_lite import DuplicateEventError, LockConflictError, OutboxRepository
 
 EVENT = dict(event_type="job.created", aggregate_type="ai_job", aggregate_id="42",
@@ -32,10 +35,11 @@ def _library_statements(statements: list[tuple[str, Any]]) -> list[str]:
 
 
 def _expected_write(server, level: str, keyed: bool) -> list[str]:
-    """What the server needs for one event, the same on both servers: one INSERT, except with
-    a dedupe_key at REPEATABLE READ, where a refused INSERT would hold up other writers
-    (MariaDB's the gap before the key, MySQL's every one): a lock-free read first."""
-    if keyed and level == "REPEATABLE READ":
+    """What the server needs for one event, the same on both MySQL servers: one INSERT,
+    except with a dedupe_key at REPEATABLE READ, where a refused INSERT would hold up other
+    writers (MariaDB's the gap before the key, MySQL's every one): a lock-free read first.
+    PostgreSQL: one INSERT at every level."""
+    if keyed and level == "REPEATABLE READ" and FAMILY.GAP_LOCKS:
         return ["SELECT", "INSERT"]
     return ["INSERT"]
 
@@ -70,9 +74,10 @@ def test_a_duplicate_raises_and_the_transaction_goes_on_at_each_level(db, repo, 
             repo.create_in_transaction(**EVENT, dedupe_key="mine")
         db.execute_sql("INSERT INTO job (name) VALUES (%s)", ("after",))
     assert (committed.value.dedupe_key, own.value.dedupe_key) == ("committed", "mine")
-    # One round trip per refusal too. At REPEATABLE READ: the read finds both keys (a
-    # consistent read sees the transaction's own rows) and no refused INSERT is sent.
-    reads_first = level == "REPEATABLE READ"
+    # One round trip per refusal too. At REPEATABLE READ on MySQL and MariaDB: the read finds
+    # both keys (a consistent read sees the transaction's own rows) and no refused INSERT is
+    # sent. PostgreSQL: the INSERT alone, refused without an error.
+    reads_first = level == "REPEATABLE READ" and FAMILY.GAP_LOCKS
     assert _library_statements(statements) == (
         ["SELECT", "SELECT", "INSERT", "SELECT"] if reads_first else ["INSERT"] * 3), statements
     assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
@@ -84,7 +89,7 @@ def _race_refused_duplicate(db_url, level: str, keys: list[str]) -> dict[str, An
     """One transaction is refused a committed duplicate (k5, between k2 and k8) and stays
     open; meanwhile, released together by a Barrier, one writer per key in ``keys`` writes an
     event (and a job row) in a transaction of its own on its own connection, waiting at most
-    1 s for a lock (innodb_lock_wait_timeout, session level). Returns each key's outcome:
+    1 s for a lock (FAMILY.limit_lock_waits, session level). Returns each key's outcome:
     True when written, else the errno of the LockConflictError."""
     setup = db_url.database()
     setup_repo = OutboxRepository(setup)
@@ -119,7 +124,7 @@ def _race_refused_duplicate(db_url, level: str, keys: list[str]) -> dict[str, An
     def writer(key: str) -> None:
         database = db_url.database()
         try:
-            database.execute_sql("SET SESSION innodb_lock_wait_timeout = 1")
+            FAMILY.limit_lock_waits(database, 1)
             repo = OutboxRepository(database)
             with database.atomic(isolation_level=level):  # warm: session, packet, schema
                 repo.create_in_transaction(**EVENT, dedupe_key=f"warm-{key}")
@@ -151,7 +156,7 @@ def _race_refused_duplicate(db_url, level: str, keys: list[str]) -> dict[str, An
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_writers_do_not_wait_on_a_refused_duplicate(db, db_url, fetch, server, level):
-    """Keys before, after and far from the duplicate: no writer waits, on both servers, at
+    """Keys before, after and far from the duplicate: no writer waits, on every server, at
     both levels. (On main, MySQL at REPEATABLE READ needed the read for this: a refused
     INSERT there made all of them wait, 1205.)"""
     keys = ["k1", "k9", "zz-last", "0123abcd"]
@@ -171,7 +176,8 @@ def test_a_key_in_the_gap_just_before_a_refused_duplicate(db, db_url, fetch, ser
     WHERE NOT EXISTS that locks nothing. At REPEATABLE READ both servers read first and send
     no INSERT for a committed key: nothing locked. (A plain INSERT's refusal there would keep
     a shared next-key lock on k5's entry on MariaDB, and k4 would wait: 1205 after 1 s,
-    measured; on MySQL every key would.) No wait on either server at either level."""
+    measured; on MySQL every key would.) PostgreSQL has no gap locks. No wait on any server
+    at either level."""
     outcomes = _race_refused_duplicate(db_url, level, ["k4", "k3-x"])
     assert outcomes == {"k5": "refused", "k4": True, "k3-x": True}
     written = {r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")}
@@ -180,12 +186,12 @@ def test_a_key_in_the_gap_just_before_a_refused_duplicate(db, db_url, fetch, ser
 
 def test_a_session_level_of_read_committed_is_one_statement_on_both_servers(db, db_url,
                                                                              fetch):
-    """The level may come from the session (here ``init_command``; a server default or the
-    driver's options alike), read with the session question once per connection: plain
-    ``atomic()`` at READ COMMITTED sends one INSERT … WHERE NOT EXISTS, MySQL included, and a
-    duplicate is refused by it (0 rows) with the transaction going on."""
-    database = db_url.database(init_command="SET SESSION TRANSACTION ISOLATION LEVEL"
-                                            " READ COMMITTED")
+    """The level may come from the session (here the driver's options: MySQL's
+    ``init_command``, libpq's ``options``; a server default alike), read with the session
+    question once per connection: plain ``atomic()`` at READ COMMITTED sends one INSERT …
+    WHERE NOT EXISTS (PostgreSQL: … ON CONFLICT DO NOTHING), MySQL included, and a duplicate
+    is refused by it (0 rows) with the transaction going on."""
+    database = db_url.database(**FAMILY.isolation_options("READ COMMITTED"))
     repo = OutboxRepository(database)
     try:
         with database.atomic():
@@ -199,7 +205,8 @@ def test_a_session_level_of_read_committed_is_one_statement_on_both_servers(db, 
         database.close()
     sent = _library_statements(statements)
     assert sent == ["INSERT", "INSERT"], statements
-    assert all("NOT EXISTS" in sql for sql, _ in statements if sql.startswith("INSERT INTO out"))
+    refusal = "NOT EXISTS" if FAMILY.name == "mysql" else "ON CONFLICT"
+    assert all(refusal in sql for sql, _ in statements if sql.startswith("INSERT INTO out"))
     assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
         "job-42", "warm"]
     assert fetch("SELECT name FROM job") == [{"name": "after"}]
