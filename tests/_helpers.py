@@ -40,8 +40,11 @@ __all__ = ["FAMILY", "T0", "TEST_URL", "FakeClock", "QuietMySQLDatabase",
 # ---------------------------------------------------------------------------
 
 def rows_of(cursor: Any) -> list[dict[str, Any]]:
-    """A driver cursor's rows as dicts by column name (the driver's own values)."""
-    names = [column[0] for column in cursor.description or ()]
+    """A driver cursor's rows as dicts by column name (the driver's own values); none for a
+    statement that returns no rows (psycopg refuses fetchall() there, PyMySQL answers ())."""
+    if cursor.description is None:
+        return []
+    names = [column[0] for column in cursor.description]
     return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
@@ -56,10 +59,14 @@ class MySQLFamily:
     JOB_TABLE = "CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY, name VARCHAR(64) NOT NULL)"
     #: An id column that numbers itself, in a test's own tables.
     SERIAL_ID = "id BIGINT AUTO_INCREMENT PRIMARY KEY"
+    #: The first word of the one statement that writes an event (create_in_transaction).
+    WRITE_WORD = "INSERT"
     #: The server's clock in UTC, microseconds, as a DATETIME(6) column takes it.
     UTC_NOW = "UTC_TIMESTAMP(6)"
     #: A text column's clause that makes it compare exactly (byte for byte, case and accents).
     EXACT_TEXT = "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    #: What sets the session's time zone to UTC+8.
+    TIME_ZONE_PLUS_8 = "SET time_zone = '+08:00'"
     #: ``LockConflictError.errno`` of a lock wait that timed out, and of a deadlock.
     LOCK_WAIT = 1205
     DEADLOCK = 1213
@@ -101,6 +108,13 @@ class MySQLFamily:
 
     #: What the library's read of the server's clock contains (the family's ``sql.NOW``).
     CLOCK_WORD = "UTC_TIMESTAMP"
+    #: What the library's one check of its tables' columns reads (the family's SCHEMA_COLUMNS).
+    CATALOG_WORD = "information_schema"
+
+    @staticmethod
+    def json_as_text(conn: Any) -> None:
+        """Make the driver connection ``conn`` hand JSON columns back as the server's text
+        (PyMySQL always does)."""
 
     @staticmethod
     def insert_id(database: Any, sql: str, params: Any = ()) -> int:
@@ -239,6 +253,12 @@ class MySQLFamily:
         return QuietPooledMySQLDatabase
 
     @staticmethod
+    def rollback_error_on_a_dead_connection(database: Any) -> Any:
+        """What Peewee's ROLLBACK raises on a connection the server closed (atomic()'s end)."""
+        import peewee
+        return peewee.InterfaceError
+
+    @staticmethod
     def lost_connection_error() -> Exception:
         """What Peewee raises when the connection died under a statement (a COMMIT)."""
         import peewee
@@ -259,8 +279,12 @@ class PostgreSQLFamily:
     SERVER_NAME = "PostgreSQL"
     JOB_TABLE = "CREATE TABLE job (id BIGSERIAL PRIMARY KEY, name VARCHAR(64) NOT NULL)"
     SERIAL_ID = "id BIGSERIAL PRIMARY KEY"
+    #: WITH e AS (INSERT … ON CONFLICT (dedupe_key) DO NOTHING RETURNING id) SELECT …
+    #: pg_notify(…): the write and its wake-up in one statement.
+    WRITE_WORD = "WITH"
     UTC_NOW = "(now() AT TIME ZONE 'UTC')"
     EXACT_TEXT = 'COLLATE "C"'
+    TIME_ZONE_PLUS_8 = "SET TIME ZONE 'Asia/Shanghai'"
     LOCK_WAIT = "55P03"  # lock_not_available (lock_timeout)
     DEADLOCK = "40P01"  # deadlock_detected
     #: No gap locks: a unique index's insert waits only for an uncommitted row of its own key.
@@ -297,7 +321,21 @@ class PostgreSQLFamily:
     def seconds_from_now(column: str) -> str:
         return f"EXTRACT(EPOCH FROM {column} - (now() AT TIME ZONE 'UTC'))"
 
-    CLOCK_WORD = "clock_timestamp"  # the seam's PostgreSQL sql.NOW: to be checked after it lands
+    CLOCK_WORD = "clock_timestamp"  # SELECT clock_timestamp() AT TIME ZONE 'UTC'
+    CATALOG_WORD = "pg_catalog.pg_attribute"
+
+    @staticmethod
+    def json_as_text(conn: Any) -> None:
+        """psycopg 3 and psycopg2 decode json and jsonb themselves: here they hand back the
+        text, as PyMySQL does, so a test reads what the server stored."""
+        if type(conn).__module__.startswith("psycopg2"):
+            import psycopg2.extras
+            psycopg2.extras.register_default_json(conn, loads=lambda text: text)
+            psycopg2.extras.register_default_jsonb(conn, loads=lambda text: text)
+        else:
+            from psycopg.types.string import TextLoader
+            conn.adapters.register_loader("json", TextLoader)
+            conn.adapters.register_loader("jsonb", TextLoader)
 
     @staticmethod
     def insert_id(database: Any, sql: str, params: Any = ()) -> int:
@@ -448,6 +486,14 @@ class PostgreSQLFamily:
         return peewee.PostgresqlDatabase
 
     @staticmethod
+    def rollback_error_on_a_dead_connection(database: Any) -> Any:
+        """psycopg2: InterfaceError "connection already closed"; psycopg 3: OperationalError
+        "the connection is closed" (pg-findings.md §4)."""
+        import peewee
+        return peewee.InterfaceError if driver_of(database) == "psycopg2" else (
+            peewee.OperationalError)
+
+    @staticmethod
     def lost_connection_error() -> Exception:
         import peewee
         return peewee.OperationalError("server closed the connection unexpectedly")
@@ -465,6 +511,16 @@ class PostgreSQLFamily:
         return PostgreSQLServer(str(query("SELECT version()")[0][0]))
 
 
+def driver_of(database: Any) -> str:
+    """The PostgreSQL driver a Peewee database connects with: ``psycopg2`` or ``psycopg``
+    (Peewee 4 names it by its adapter; Peewee 3 by the class, playhouse.psycopg3_ext's)."""
+    adapter = getattr(database, "_adapter", None)
+    if adapter is not None:
+        return "psycopg2" if "Psycopg2" in type(adapter).__name__ else "psycopg"
+    return "psycopg" if "Psycopg3" in "".join(c.__name__ for c in type(database).__mro__) else (
+        "psycopg2")
+
+
 def _peewee3_without_psycopg2() -> bool:
     """Peewee 3's PostgresqlDatabase is psycopg2's only: with psycopg 3 alone a service uses
     playhouse.psycopg3_ext (gone in Peewee 4, whose PostgresqlDatabase takes either)."""
@@ -480,6 +536,8 @@ class PostgreSQLServer:
 
     is_mariadb = False
     kind = "PostgreSQL"
+    #: The payload column is ``json``: the text outbox_lite wrote, kept byte for byte.
+    keeps_json_text = True
 
     def __init__(self, version_text: str) -> None:
         self.version_text = version_text

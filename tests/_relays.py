@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import FAMILY
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -35,7 +37,7 @@ def orders(db, repo, count, aggregates=30):
     events = []
     for n in range(0, count, 2):
         with db.atomic():
-            job = db.execute_sql("INSERT INTO job (name) VALUES (%s)", (f"job-{n}",)).lastrowid
+            job = FAMILY.insert_id(db, "INSERT INTO job (name) VALUES (%s)", (f"job-{n}",))
             for step in (n, n + 1):
                 events.append(repo.create_in_transaction(
                     event_type="job.created" if step % 2 == 0 else "job.queued",

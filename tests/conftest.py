@@ -157,10 +157,16 @@ def repo(db: Any, clock: FakeClock) -> OutboxRepository:
 @pytest.fixture
 def fetch(db_url: DatabaseUrl) -> Iterator[Callable[..., list[dict[str, Any]]]]:
     """Read committed state on a connection of its own: ``fetch(sql, *params)``, rows as
-    dicts (autocommit: each call sees what is committed when it runs)."""
+    dicts (autocommit: each call sees what is committed when it runs), JSON as the server's
+    text on every driver."""
     database = db_url.database()
+    prepared: set[int] = set()
 
     def run(sql: str, *params: Any) -> list[dict[str, Any]]:
+        conn = database.connection()  # per thread: each one's first use prepares it
+        if id(conn) not in prepared:
+            FAMILY.json_as_text(conn)
+            prepared.add(id(conn))
         return rows_of(database.execute_sql(sql, params))
 
     yield run

@@ -12,7 +12,6 @@ import re
 import time
 from typing import Any
 
-import peewee as pw
 import pytest
 from playhouse.shortcuts import ReconnectMixin
 
@@ -164,7 +163,7 @@ def test_a_connection_lost_inside_atomic_reaches_the_caller_as_documented(
         with database.atomic():
             outbox.claim_batch("w")
     # Peewee's ROLLBACK on the dead connection raises as the block ends; ours is its context.
-    assert isinstance(info.value, pw.InterfaceError)
+    assert isinstance(info.value, FAMILY.rollback_error_on_a_dead_connection(database))
     chain = []
     exc: BaseException | None = info.value
     while exc is not None:

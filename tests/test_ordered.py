@@ -203,5 +203,5 @@ def test_racing_ordered_claimers_get_disjoint_heads_without_waiting(db, repo, fe
     assert len(claimed) == len(set(claimed)) == 50  # each of the 50 heads, once
     assert sorted(claimed) == ids[:50]
     rows = fetch("SELECT aggregate_id, COUNT(*) AS n FROM outbox_event"
-                 " WHERE status = 'processing' GROUP BY aggregate_id HAVING n > 1")
+                 " WHERE status = 'processing' GROUP BY aggregate_id HAVING COUNT(*) > 1")
     assert rows == []

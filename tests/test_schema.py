@@ -33,6 +33,11 @@ EXPECTED_TYPES = {
     "created_at": INSTANT, "updated_at": INSTANT,
 }
 EXACT = "utf8mb4_bin" if FAMILY.name == "mysql" else "C"  # the identifiers' collation
+# An aggregate's head in one index read: MySQL and MariaDB order NULL published_at first;
+# PostgreSQL's index is partial instead, the unpublished events only (WHERE published_at IS
+# NULL), ordered by id.
+AGGREGATE_INDEX = ["aggregate_type", "aggregate_id",
+                   "published_at" if FAMILY.name == "mysql" else "id"]
 
 
 def _columns(fetch):
@@ -74,8 +79,7 @@ def test_table_has_the_required_indexes_and_no_foreign_key(fetch):
         "status", "available_at", "id", "aggregate_type", "aggregate_id"]
     assert indexes["ix_outbox_event_locked_at"] == ["locked_at"]
     # (aggregate_type, aggregate_id) leads it; published_at makes an aggregate's head one read
-    assert indexes["ix_outbox_event_aggregate"] == ["aggregate_type", "aggregate_id",
-                                                    "published_at"]
+    assert indexes["ix_outbox_event_aggregate"] == AGGREGATE_INDEX
     assert FAMILY.foreign_keys(fetch) == []
     if FAMILY.name == "mysql":  # PostgreSQL has one storage engine
         engine = fetch("SELECT engine AS engine FROM information_schema.tables"
@@ -122,7 +126,7 @@ def test_migrate_twice_is_a_no_op_and_rollback_undoes_one_migration_at_a_time(db
     assert schema.rollback(database) is None
     assert schema.migrate(database) == MIGRATIONS
     assert len(_columns(fetch)) == 16
-    assert _index(fetch) == ["aggregate_type", "aggregate_id", "published_at"]
+    assert _index(fetch) == AGGREGATE_INDEX
     assert _index(fetch, STATUS_INDEX) == ["status", "available_at", "id", "aggregate_type",
                                            "aggregate_id"]
     database.close()

@@ -112,7 +112,7 @@ def test_instants_stay_utc_with_a_far_host_zone_and_session_time_zone(db_url, fe
                                                                        shanghai_host):
     assert time.timezone == -8 * 3600  # the host is now at +08:00
     database = db_url.database()
-    database.execute_sql("SET time_zone = '+08:00'")
+    database.execute_sql(FAMILY.TIME_ZONE_PLUS_8)  # the session's zone too
     repo = OutboxRepository(database)  # the real clock
     before = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     paris = dt.timezone(dt.timedelta(hours=1))
