@@ -18,7 +18,7 @@ from outbox_lite import Inbox, OutboxRepository
 from outbox_lite._db import DatabaseUrl
 
 from _docs import blocks
-from conftest import TEST_URL
+from _helpers import TEST_URL
 
 PAGE = "docs/guides/grants.md"
 
