@@ -371,7 +371,7 @@ class OutboxRepository:
         limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
         ordered = _checks.flag("ordered", ordered)
         isolation = _session.claim_isolation(self.database)
-        if isolation == _session.SERIALIZABLE:
+        if isolation in self._family.refused_claim_levels:
             raise IsolationLevelError(isolation)
         now = self._now()
         wanted = limit * self.claim_window

@@ -11,7 +11,7 @@ the tests ask the server. The repository, the inbox, the relay, the CLI and the 
 suite call :func:`family_of` once and never branch on the answer.
 
 Families: :mod:`.mysql` (MySQL and MariaDB; MariaDB a flag of the server, as peewee's
-``MySQLDatabase`` has its ``mariadb``).
+``MySQLDatabase`` has its ``mariadb``) and :mod:`.postgresql`.
 """
 
 from __future__ import annotations
@@ -126,9 +126,10 @@ _LOCK = threading.Lock()
 def _registered() -> list[Family]:
     if not _FAMILIES:
         from .mysql import FAMILY as mysql
+        from .postgresql import FAMILY as postgresql
         with _LOCK:
             if not _FAMILIES:
-                _FAMILIES.append(mysql)
+                _FAMILIES.extend((mysql, postgresql))
     return _FAMILIES
 
 
@@ -152,7 +153,8 @@ def family_of(database: Any) -> Any:
             return family
     raise TypeError(
         "database must be a peewee MySQLDatabase (or a subclass: pooled, ReconnectMixin,"
-        f" ...) for MySQL or MariaDB, not {type(database).__name__}")
+        " ...) for MySQL or MariaDB, or a peewee PostgresqlDatabase (or a subclass: pooled,"
+        f" PostgresqlExtDatabase, psycopg 3's) for PostgreSQL, not {type(database).__name__}")
 
 
 def family_for_scheme(scheme: str) -> Any:

@@ -270,6 +270,32 @@ class MySQLFamily(Family):
 
     # -- the schema, the server ------------------------------------------------------------
 
+    #: How a repair changes a column's definition (ALTER TABLE t <this>).
+    modify_column = "MODIFY {name} {definition}"
+    #: The claim's level when the session's would break it: SERIALIZABLE claimers wait for
+    #: each other and deadlock, REPEATABLE READ does not (``_session.claim_transaction``).
+    claim_level = "REPEATABLE READ"
+    refused_claim_levels = frozenset({"SERIALIZABLE"})
+
+    def claim_level_for(self, session_level: str) -> str | None:
+        """The level the relay's own claim transaction must ask for, or None (the
+        session's will do)."""
+        return self.claim_level if session_level in self.refused_claim_levels else None
+
+    @staticmethod
+    def table_state(database: pw.Database, table: str, execute: Any) -> tuple[bool, bool]:
+        """(whether ``table`` exists, whether the user may read it). information_schema
+        hides a table the user holds no privilege on, so this asks the table itself: the
+        server answers 1146 only to a user who may know, and 1142 (raised) to one who may not
+        read it."""
+        try:
+            execute(sql.TABLE_PROBES[table], ())
+        except (pw.ProgrammingError, pw.OperationalError) as exc:
+            if errno_of(exc) == ER_NO_SUCH_TABLE:
+                return False, False
+            raise
+        return True, True
+
     @staticmethod
     def lock_counters(database: pw.Database) -> LockCounters:
         """The server's deadlock and row-lock-wait counters (the contention suite's)."""
