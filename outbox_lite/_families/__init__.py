@@ -183,9 +183,13 @@ def connection_trouble(exc: BaseException) -> str | None:
     return None
 
 
-def tls_refused(exc: BaseException) -> bool:
-    """Whether ``exc`` is a server refusing the TLS a URL asks for, in any family."""
-    return any(family.tls_refused(exc) for family in _registered())  # type: ignore[attr-defined]
+def tls_refused(exc: BaseException) -> str | None:
+    """Why TLS failed when ``exc`` is a server without the TLS a URL asks for (each family
+    names its own URL options), else None."""
+    for family in _registered():
+        if family.tls_refused(exc):  # type: ignore[attr-defined]
+            return family.no_tls  # type: ignore[attr-defined,no-any-return]
+    return None
 
 
 def url_form() -> str:

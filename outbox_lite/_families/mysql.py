@@ -142,6 +142,10 @@ class MySQLFamily(Family):
             return "going"
         return None
 
+    #: Why a connection failed when the server has no TLS and the URL asks for it.
+    no_tls = ("the server offers no TLS, and the URL asks for it (ssl_ca, ssl_cert, ssl_key, "
+              "ssl_verify_cert or ssl_verify_identity)")
+
     @staticmethod
     def tls_refused(exc: BaseException) -> bool:
         """The server offers no TLS though the URL asks for it."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import re
 import select
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -142,13 +143,9 @@ class PostgreSQLFamily(Family):
 
     @property
     def driver_errors(self) -> tuple[type[BaseException], ...]:  # type: ignore[override]
-        errors: list[type[BaseException]] = []
-        for module in ("psycopg", "psycopg2"):
-            try:
-                errors.append(importlib.import_module(module).Error)
-            except ImportError:
-                pass
-        return tuple(errors)
+        """The base errors of the drivers imported so far (one not imported raised none)."""
+        modules = (sys.modules.get(name) for name in ("psycopg", "psycopg2"))
+        return tuple(module.Error for module in modules if module is not None)
 
     @classmethod
     def accepts(cls, database: Any) -> bool:
@@ -186,6 +183,8 @@ class PostgreSQLFamily(Family):
         if any(word in text for word in _UNREACHABLE_WORDS):
             return "unreachable"
         return "lost"
+
+    no_tls = "the server offers no TLS, and the URL asks for it (sslmode=require or stricter)"
 
     @staticmethod
     def tls_refused(exc: BaseException) -> bool:
