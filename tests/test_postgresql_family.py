@@ -13,6 +13,7 @@ import os
 import threading
 import time
 
+import peewee as pw
 import pytest
 
 from outbox_lite import (ConnectionLostError, DuplicateEventError, Inbox, LockConflictError,
@@ -32,13 +33,23 @@ def pg(request):
     url = PG_URL.with_name(f"{PG_URL.name}_pg_{os.getpid()}_{next(_names)}")
     url.drop_database()
     url.create_database()
-    options = {"prefer_psycopg3": True} if request.param == "psycopg" else {}
-    database = url.database(**options)
+    database = url.database(**_driver_options(request.param))
     schema.migrate(database)
     assert type(database.connection()).__module__.split(".")[0] == request.param
     yield url, database
     database.close()
     url.drop_database()
+
+
+def _driver_options(driver: str) -> dict:
+    """How a Peewee database of this line is made to drive ``driver``: Peewee 4 takes either
+    (prefer_psycopg3), Peewee 3 has a class for psycopg 3."""
+    if driver == "psycopg2":
+        return {}
+    if pw.__version__.startswith("3."):
+        from playhouse.psycopg3_ext import Psycopg3Database
+        return {"database_class": Psycopg3Database}
+    return {"prefer_psycopg3": True}
 
 
 def _event(repo, key=None, n=0, **extra):
@@ -411,3 +422,64 @@ def test_a_wrong_password_or_missing_database_is_one_line_without_the_password(c
     assert cli_main(["stats", "--database-url", refused]) == 1
     err = capsys.readouterr().err
     assert "cannot reach the PostgreSQL server at 127.0.0.1:1" in err and "pa55w0rd" not in err
+
+
+# ---------------------------------------------------------------------------
+# Isolation levels, text
+# ---------------------------------------------------------------------------
+
+def test_claims_on_serializable_sessions_run_at_read_committed(pg):
+    """A session whose default is SERIALIZABLE: claim_batch in it is refused before any claim
+    (naming READ COMMITTED); the relay's own claims run at READ COMMITTED, and three relays
+    racing over 300 events publish each once with no lock conflict."""
+    from outbox_lite import IsolationLevelError
+    from outbox_lite.relay import Relay
+
+    url, db = pg
+    serializable = {"options": "-c default_transaction_isolation=serializable"}
+    writer = url.database(**serializable)
+    repo = OutboxRepository(writer)
+    with writer.atomic():
+        for n in range(300):
+            _event(repo, f"k{n}", n % 7)
+    with pytest.raises(IsolationLevelError, match='isolation_level="READ COMMITTED"'):
+        with writer.atomic():
+            repo.claim_batch("w", 5)
+    assert _rows(db, "SELECT COUNT(*) FROM outbox_event WHERE status = 'pending'") == [(300,)]
+    published: list[dict[int, float]] = [{}, {}, {}]
+    databases = [url.database(**serializable) for _ in range(3)]
+    relays = [Relay(OutboxRepository(d), _Collect(p), batch_size=10)
+              for d, p in zip(databases, published)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(3)
+
+    def run(relay):
+        try:
+            barrier.wait(10)
+            relay.run(until_empty=True)
+        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(relay,)) for relay in relays]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors and not any(thread.is_alive() for thread in threads)
+    ids = [event_id for p in published for event_id in p]
+    assert len(ids) == len(set(ids)) == 300
+    assert sum(relay.stats.lock_conflicts for relay in relays) == 0
+    assert _rows(db, "SELECT status, COUNT(*) FROM outbox_event GROUP BY status") == [
+        ("published", 300)]
+    for database in (writer, *databases):
+        database.close()
+
+
+def test_a_nul_in_an_error_message_is_stored_as_a_replacement_character(pg):
+    url, db = pg
+    repo = OutboxRepository(db)
+    with db.atomic():
+        event = _event(repo, "k")
+    assert repo.mark_processing(event.id, "w")
+    assert repo.mark_failed(event.id, "w", "broker", "bad\x00byte", retryable=False)
+    assert _rows(db, "SELECT last_error_message FROM outbox_event") == [("bad\ufffdbyte",)]

@@ -211,6 +211,11 @@ class MySQLFamily(Family):
         return thread_id() if callable(thread_id) else None
 
     @staticmethod
+    def stored_text(text: str) -> str:
+        """``text`` as a TEXT column holds it (every character, NUL too)."""
+        return text
+
+    @staticmethod
     def id_list(ids: Sequence[int]) -> tuple[int, ...]:
         """A list of ids as the ``%(ids)s`` of this family's statements takes it."""
         return tuple(ids)
@@ -280,6 +285,7 @@ class MySQLFamily(Family):
     #: each other and deadlock, REPEATABLE READ does not (``_session.claim_transaction``).
     claim_level = "REPEATABLE READ"
     refused_claim_levels = frozenset({"SERIALIZABLE"})
+    claim_refusal = "claimers would wait for each other and deadlock"
 
     def claim_level_for(self, session_level: str) -> str | None:
         """The level the relay's own claim transaction must ask for, or None (the

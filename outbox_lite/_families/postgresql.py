@@ -136,6 +136,7 @@ class PostgreSQLFamily(Family):
     #: do all the time.
     claim_level = "READ COMMITTED"
     refused_claim_levels = frozenset({"SERIALIZABLE"})
+    claim_refusal = "concurrent claimers would fail with serialization errors"
 
     def claim_level_for(self, session_level: str) -> str | None:
         """READ COMMITTED for the relay's own claim unless the session's is already."""
@@ -269,6 +270,12 @@ class PostgreSQLFamily(Family):
         if pid is None and callable(getattr(conn, "get_backend_pid", None)):
             pid = conn.get_backend_pid()  # psycopg2
         return pid
+
+    @staticmethod
+    def stored_text(text: str) -> str:
+        """``text`` as a text column can hold it: PostgreSQL's text holds no NUL character
+        (the driver refuses it), so a NUL in an error message is stored as U+FFFD."""
+        return text.replace("\x00", "\ufffd")
 
     @staticmethod
     def id_list(ids: Sequence[Any]) -> list[Any]:

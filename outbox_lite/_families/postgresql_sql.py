@@ -273,10 +273,12 @@ INBOX_COUNT_OLD_OF = Statement(
 #: The server's clock as naive UTC with microseconds, whatever the session's TimeZone (the
 #: statement's own instant, as MySQL's UTC_TIMESTAMP(6): now() is the transaction's start).
 NOW = Statement("SELECT clock_timestamp() AT TIME ZONE 'UTC'")
-#: The session (one round trip): its isolation level, the server's version and the encodings
-#: (UTF8 both, or characters would change or fail).
+#: The session (one round trip): its isolation level (the session's default: asked inside a
+#: transaction, transaction_isolation would say that transaction's), the server's version and
+#: the encodings (UTF8 both, or characters would change or fail).
 SESSION = Statement(
-    "SELECT current_setting('transaction_isolation'), current_setting('server_version'),"
+    "SELECT current_setting('default_transaction_isolation'),"
+    " current_setting('server_version'),"
     " current_setting('server_encoding'), current_setting('client_encoding')")
 #: PostgreSQL has no autocommit setting on the server: nothing to turn on.
 AUTOCOMMIT_ON = Statement("SELECT 1")
