@@ -30,14 +30,15 @@ from . import Statement
 
 #: An event without the caller's dedupe_key (a random one: no duplicate to meet), and the
 #: relays' wake-up in the same statement (SPEC §9): ``pg_notify('outbox_event', '')`` is
-#: ``NOTIFY outbox_event``, delivered when the caller commits, once per transaction however
-#: many events it created (PostgreSQL folds equal notifications), never on a rollback.
+#: ``NOTIFY outbox_event``, evaluated for the row inserted, delivered when the caller commits,
+#: once per transaction however many events it created (PostgreSQL folds equal
+#: notifications), never on a rollback.
 INSERT = Statement(
-    "WITH e AS (INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
-    " dedupe_key, payload, status, attempt_count, available_at, created_at, updated_at)"
+    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
+    " status, attempt_count, available_at, created_at, updated_at)"
     " VALUES (%(event_type)s, %(aggregate_type)s, %(aggregate_id)s, %(dedupe_key)s,"
     " %(payload)s, 'pending', 0, %(available_at)s, %(created_at)s, %(updated_at)s)"
-    " RETURNING id) SELECT id, pg_notify('outbox_event', '')::text FROM e"
+    " RETURNING id, pg_notify('outbox_event', '')::text"
 )
 #: An event with the caller's dedupe_key: a duplicate is no row (and no notification), never
 #: an error (PostgreSQL aborts the whole transaction on a failed statement, and the caller's
@@ -48,12 +49,11 @@ INSERT = Statement(
 #: duplicate committed after the caller's snapshot is a serialization failure (40001,
 #: LockConflictError: retry, and the retry sees the duplicate).
 INSERT_UNLESS_TAKEN = Statement(
-    "WITH e AS (INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
-    " dedupe_key, payload, status, attempt_count, available_at, created_at, updated_at)"
+    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
+    " status, attempt_count, available_at, created_at, updated_at)"
     " VALUES (%(event_type)s, %(aggregate_type)s, %(aggregate_id)s, %(dedupe_key)s,"
     " %(payload)s, 'pending', 0, %(available_at)s, %(created_at)s, %(updated_at)s)"
-    " ON CONFLICT (dedupe_key) DO NOTHING RETURNING id)"
-    " SELECT id, pg_notify('outbox_event', '')::text FROM e"
+    " ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, pg_notify('outbox_event', '')::text"
 )
 #: The channel the relays LISTEN on.
 CHANNEL = "outbox_event"
