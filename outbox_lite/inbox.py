@@ -113,6 +113,7 @@ class Inbox:
                 "accept() must run inside the caller's transaction (with database.atomic():"
                 " ...), so that the record commits or rolls back with the consumer's writes")
         message_id = _checks.name("message_id", message_id, MAX_MESSAGE_ID_LENGTH)
+        self._family.check_inbox_key(self.consumer, message_id)
         if not self._schema_checked:
             _schema.check(self.database, (TABLE_NAME,))
             self._schema_checked = True

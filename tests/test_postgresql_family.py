@@ -483,3 +483,20 @@ def test_a_nul_in_an_error_message_is_stored_as_a_replacement_character(pg):
     assert repo.mark_processing(event.id, "w")
     assert repo.mark_failed(event.id, "w", "broker", "bad\x00byte", retryable=False)
     assert _rows(db, "SELECT last_error_message FROM outbox_event") == [("bad\ufffdbyte",)]
+
+
+def test_an_inbox_key_the_index_cannot_hold_is_refused_before_any_sql(pg):
+    """PostgreSQL's btree holds at most 2,704 bytes an entry: 64 + 704 four-byte characters
+    that do not compress are refused by the server (54000, which would abort the caller's
+    transaction); the inbox refuses them first and the transaction goes on."""
+    from outbox_lite import InvalidEventError
+
+    url, db = pg
+    inbox = Inbox(db, "c" * 64)
+    wide = "".join(chr(0x20000 + (n * 7919) % 42000) for n in range(704))
+    with db.atomic():
+        with pytest.raises(InvalidEventError, match="at most 2688"):
+            inbox.accept(wide)
+        assert inbox.accept("a" * 704) is True  # ASCII of the longest length fits
+        assert inbox.accept(wide[:655]) is True  # 64 + 2,620 bytes
+    assert len(_rows(db, "SELECT message_id FROM inbox_message")) == 2

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import peewee as pw
 
-from ..errors import DuplicateEventError, LockConflictError
+from ..errors import DuplicateEventError, InvalidEventError, LockConflictError
 from . import Column, Family, LockCounters
 from . import postgresql_sql as sql
 from .url import DatabaseExistsError, DatabaseUrl, DatabaseUrlError, text_option
@@ -270,6 +270,22 @@ class PostgreSQLFamily(Family):
         if pid is None and callable(getattr(conn, "get_backend_pid", None)):
             pid = conn.get_backend_pid()  # psycopg2
         return pid
+
+    #: The most bytes of UTF-8 consumer + message_id an inbox key may hold: a btree entry holds
+    #: at most 2,704 bytes, 16 of them the entry's and the two values' headers. PostgreSQL
+    #: compresses a long key when it can, so some longer ones would fit; this bound holds for
+    #: every key (measured: 3,072 bytes of random 4-byte characters refused with 54000).
+    max_inbox_key_bytes = 2688
+
+    def check_inbox_key(self, consumer: str, message_id: str) -> None:
+        """InvalidEventError, before any SQL, for an inbox key the primary key cannot hold
+        (the server's refusal would abort the caller's transaction)."""
+        size = len(consumer.encode("utf-8")) + len(message_id.encode("utf-8"))
+        if size > self.max_inbox_key_bytes:
+            raise InvalidEventError(
+                f"consumer and message_id are {size} bytes of UTF-8 together; PostgreSQL's "
+                f"index of the inbox holds at most {self.max_inbox_key_bytes} (704 ASCII "
+                "characters always fit)")
 
     @staticmethod
     def stored_text(text: str) -> str:
