@@ -77,6 +77,15 @@ class Statement(str):
         return Statement(self.named.replace(old, new, count))
 
 
+class Pages(NamedTuple):
+    """One keyset-paged read of ids in (key, id) order: the first page, a next page (after
+    ``after_key``, ``after_id``), and the read of a row's key."""
+
+    first: Statement
+    next: Statement
+    key_of: Statement
+
+
 class Column(NamedTuple):
     """What one column of a table outbox_lite makes must be (``outbox_lite._schema``)."""
 

@@ -22,9 +22,8 @@ list as an array).
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
-from . import Statement
+from . import Pages, Statement
 
 # -- writing ----------------------------------------------------------------------------
 
@@ -158,15 +157,6 @@ EXTEND_LOCKS = Statement(
 )
 
 # -- pages: lock-free keyset reads of ids -------------------------------------------------
-
-
-class Pages(NamedTuple):
-    """One keyset-paged read of ids in (key, id) order: the first page, a next page (after
-    ``after_key``, ``after_id``), and the read of a row's key."""
-
-    first: Statement
-    next: Statement
-    key_of: Statement
 
 
 def _pages(where: str, key: str) -> Pages:
