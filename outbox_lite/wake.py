@@ -505,11 +505,15 @@ class NativeSource(WakeSource):
 
 def listen(bell: Doorbell, database: pw.Database, source: WakeSource | None,
            native: WakeSource | None = None) -> Callable[[], None]:
-    """Ring ``bell`` for the wake-ups of ``database``: this process's, ``source``'s when
-    given, and the database's own (``native``, PostgreSQL's LISTEN) when given. Returns the
-    function that stops listening."""
+    """Ring ``bell`` for the wake-ups of ``database``: ``source``'s when given, and either the
+    database's own (``native``, PostgreSQL's LISTEN) or, without one, this process's. Not
+    both: the server's notification of a commit and the in-process ring of the same commit
+    would be two rings for one event, and the second, answered by an empty claim, would put
+    the relay in its retry pauses, deaf to the next event's ring for up to a second. Returns
+    the function that stops listening."""
     key = database_key(database)
-    listen_locally(key, bell)
+    if native is None:
+        listen_locally(key, bell)
     stop = threading.Event()
     threads = [s.listen(bell, stop) for s in (source, native) if s is not None]
 
