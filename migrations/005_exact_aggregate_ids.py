@@ -16,7 +16,14 @@ differently, so the statement says what each may do, and fails rather than lock 
 
 ``is_applied`` tells ``outbox_lite.migrate`` whether the change is in place already (a run
 that stopped between the DDL and its history row), so that it is recorded, not redone.
+
+PostgreSQL compares with every built-in collation by bytes already; the columns become
+``COLLATE "C"`` all the same, so that a database whose default is a nondeterministic ICU
+collation cannot merge keys, and ordering is by bytes as on MySQL. The table is not rewritten
+(the type stays), its indexes on those columns are rebuilt, writers waiting meanwhile.
 """
+
+from outbox_lite._families import family_of
 
 COLUMNS = (
     "MODIFY aggregate_type VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL,"
@@ -26,13 +33,32 @@ COLUMNS = (
 ONLINE = {True: "ALGORITHM=NOCOPY, LOCK=NONE", False: "ALGORITHM=COPY, LOCK=SHARED"}
 
 
+POSTGRESQL_COLUMNS = (
+    "ALTER COLUMN aggregate_type TYPE VARCHAR(255) COLLATE {collation},"
+    " ALTER COLUMN aggregate_id TYPE VARCHAR(255) COLLATE {collation},"
+    " ALTER COLUMN last_error_code TYPE VARCHAR(64) COLLATE {collation}"
+)
+
+
+def _postgresql(database):
+    return family_of(database).name == "postgresql"
+
+
 def _alter(database, collation):
+    if _postgresql(database):
+        collation = '"C"' if collation == "utf8mb4_bin" else '"default"'
+        return f"ALTER TABLE outbox_event {POSTGRESQL_COLUMNS.format(collation=collation)}"
     mariadb = "mariadb" in database.execute_sql("SELECT VERSION()").fetchone()[0].lower()
     columns = COLUMNS.format(collation=collation)
     return f"ALTER TABLE outbox_event {columns}, {ONLINE[mariadb]}"
 
 
 def is_applied(database):
+    if _postgresql(database):
+        return bool(database.execute_sql(
+            "SELECT 1 FROM pg_attribute AS a JOIN pg_collation AS c ON c.oid = a.attcollation"
+            " WHERE a.attrelid = to_regclass('outbox_event') AND a.attname = 'aggregate_id'"
+            " AND c.collname = 'C'").fetchone())
     return bool(database.execute_sql(
         "SELECT 1 FROM information_schema.columns WHERE table_schema = DATABASE()"
         " AND table_name = 'outbox_event' AND column_name = 'aggregate_id'"

@@ -122,9 +122,9 @@ def tls_failure(exc: BaseException) -> str | None:
             return f"certificate verify failed: {why} ({hint})"
         if isinstance(cause, ssl.SSLError):
             return f"TLS failed: {cause.reason or cause.strerror or type(cause).__name__}"
-        if tls_refused(cause):
-            return ("the server offers no TLS, and the URL asks for it (ssl_ca, ssl_cert, "
-                    "ssl_key, ssl_verify_cert or ssl_verify_identity)")
+        no_tls = tls_refused(cause)
+        if no_tls is not None:
+            return no_tls
     return None
 
 

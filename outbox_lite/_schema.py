@@ -115,7 +115,7 @@ def _problem(database: pw.Database, table: str,
                 continue
         else:
             continue
-        repairs.append(f"MODIFY {name} {needed.definition}")
+        repairs.append(family.modify_column.format(name=name, definition=needed.definition))
     if not wrong:
         return None
     fixes = [f"repair: ALTER TABLE {table} {', '.join(repairs)}"] if repairs else []
@@ -126,16 +126,11 @@ def _problem(database: pw.Database, table: str,
 
 
 def _exists(database: pw.Database, table: str) -> bool:
-    """Whether ``table`` exists though information_schema shows none of its columns; raises
-    the server's 1142 for a user who may not read it."""
-    family = family_of(database)
-    try:
-        execute(database, family.sql.TABLE_PROBES[table], ())
-    except (pw.ProgrammingError, pw.OperationalError) as exc:
-        if family.missing_table(exc):
-            return False
-        raise
-    return True
+    """Whether ``table`` exists though the catalog shows none of its columns (the family's
+    answer: on MySQL the server's 1142 is raised for a user who may not read it)."""
+    exists, _readable = family_of(database).table_state(
+        database, table, lambda statement, params: execute(database, statement, params))
+    return bool(exists)
 
 
 def check_visible(database: pw.Database) -> None:
@@ -150,10 +145,12 @@ def check_visible(database: pw.Database) -> None:
 
 
 def _visible(database: pw.Database, table: str) -> bool:
+    family = family_of(database)
     try:
-        _exists(database, table)
+        exists, readable = family.table_state(
+            database, table, lambda statement, params: execute(database, statement, params))
     except (pw.ProgrammingError, pw.OperationalError) as exc:
-        if family_of(database).denied(exc):
+        if family.denied(exc):
             return False
         raise
-    return True
+    return not exists or readable

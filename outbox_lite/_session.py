@@ -31,8 +31,6 @@ from ._families import family_of
 logger = logging.getLogger(__name__)
 
 SERIALIZABLE = "SERIALIZABLE"
-#: The level the relay's claim transaction runs at when the session's level is SERIALIZABLE.
-CLAIM_LEVEL = "REPEATABLE READ"
 
 
 @dataclass
@@ -136,11 +134,15 @@ def claim_isolation(database: pw.Database) -> str:
 
 
 def claim_transaction(database: pw.Database) -> Any:
-    """``database.atomic()`` for a claim of the library's own (the relay's): at REPEATABLE
-    READ when the session's level is SERIALIZABLE, under which claimers would wait for each
-    other and deadlock. The level applies to that transaction only."""
-    if session_of(database).isolation == SERIALIZABLE:
-        return database.atomic(isolation_level=CLAIM_LEVEL)
+    """``database.atomic()`` for a claim of the library's own (the relay's), at the level
+    the family asks for when the session's would break the claim: on MySQL REPEATABLE READ
+    when the session's level is SERIALIZABLE (claimers would wait for each other and
+    deadlock); on PostgreSQL READ COMMITTED unless it is already (at REPEATABLE READ and
+    SERIALIZABLE concurrent claims fail with serialization errors). The level applies to
+    that transaction only."""
+    level = family_of(database).claim_level_for(session_of(database).isolation)
+    if level is not None:
+        return database.atomic(isolation_level=level)
     return database.atomic()
 
 

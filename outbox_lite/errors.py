@@ -15,12 +15,13 @@ class IsolationLevelError(OutboxError):
     """A claim ran in a transaction whose isolation level breaks its promises (SERIALIZABLE:
     claimers wait for each other and deadlock); ``isolation`` names it."""
 
-    def __init__(self, isolation: str, method: str = "claim_batch") -> None:
+    def __init__(self, isolation: str, method: str = "claim_batch",
+                 level: str = "REPEATABLE READ",
+                 why: str = "claimers would wait for each other and deadlock") -> None:
         self.isolation = isolation
         super().__init__(
-            f"{method}() does not claim in a {isolation} transaction (claimers would wait"
-            f" for each other and deadlock): claim in"
-            f' database.atomic(isolation_level="REPEATABLE READ")')
+            f"{method}() does not claim in a {isolation} transaction ({why}): claim in"
+            f' database.atomic(isolation_level="{level}")')
 
 
 class CredentialInPayloadError(PayloadError):

@@ -113,18 +113,20 @@ class Inbox:
                 "accept() must run inside the caller's transaction (with database.atomic():"
                 " ...), so that the record commits or rolls back with the consumer's writes")
         message_id = _checks.name("message_id", message_id, MAX_MESSAGE_ID_LENGTH)
+        self._family.check_inbox_key(self.consumer, message_id)
         if not self._schema_checked:
             _schema.check(self.database, (TABLE_NAME,))
             self._schema_checked = True
         insert = self._family.sql.INBOX_INSERT
         try:
-            execute(self.database, insert, insert.params(
+            cursor = execute(self.database, insert, insert.params(
                 {"consumer": self.consumer, "message_id": message_id, "now": self._now()}))
         except pw.IntegrityError as exc:
             if self._family.duplicate_key(exc) is not None:  # the table's one unique key
                 return False
             raise
-        return True
+        # PostgreSQL's INSERT … ON CONFLICT DO NOTHING: no row, no error, for a duplicate.
+        return bool(cursor.rowcount)
 
     def purge(self, older_than: dt.timedelta | float, *, batch_size: int = 1000) -> int:
         """Delete this consumer's records received more than ``older_than`` ago (a timedelta

@@ -118,11 +118,17 @@ class _Router(Router):
         family = family_of(self.database)
         for table in ("outbox_event", "inbox_message"):
             try:
-                self.database.execute_sql(family.sql.TABLE_PROBES[table])
+                exists, readable = family.table_state(self.database, table, self._execute)
             except (pw.ProgrammingError, pw.OperationalError) as exc:
                 if family.denied(exc):  # the user cannot know
                     return True
+                continue
+            if exists and not readable:
+                return True
         return False
+
+    def _execute(self, statement: str, params: Any) -> Any:
+        return self.database.execute_sql(statement, params)
 
     def disagreements(self) -> list[str]:
         """Where the history and the schema disagree, one phrase each."""
@@ -174,14 +180,10 @@ def _has_history(database: Any) -> bool:
     it (information_schema lists only the tables a user holds a privilege on)."""
     if database.table_exists(HISTORY_TABLE):
         return True
-    family = family_of(database)
-    try:
-        database.execute_sql(family.sql.TABLE_PROBES[HISTORY_TABLE])
-    except (pw.ProgrammingError, pw.OperationalError) as exc:
-        if family.missing_table(exc):  # told only to a user who may know
-            return False
-        raise
-    return True
+    exists, _readable = family_of(database).table_state(
+        database, HISTORY_TABLE, lambda statement, params: database.execute_sql(statement,
+                                                                                params))
+    return bool(exists)
 
 
 def _router(database: pw.Database) -> _Router:

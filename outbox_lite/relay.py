@@ -264,9 +264,12 @@ class Relay:
                                       min(30.0, self.lock_timeout / 4))
         self.idle_pause = _seconds("idle_pause", idle_pause)
         self.wake = _wake.wake_source(wake, repository.database)
+        #: The database's own wake-up (PostgreSQL's LISTEN), heard with or without ``wake``.
+        self.native_wake = _wake.native_source(repository.database)
         self.max_idle_pause = max(self.idle_pause, _seconds(
             "max_idle_pause", max_idle_pause,
-            0.05 if self.wake is None else _wake.DEFAULT_WAKE_MAX_IDLE_PAUSE))
+            0.05 if self.wake is None and self.native_wake is None
+            else _wake.DEFAULT_WAKE_MAX_IDLE_PAUSE))
         self._bell = _wake.Doorbell()
         self.reconnect_pause = _seconds("reconnect_pause", reconnect_pause)
         self.max_reconnect_pause = max(self.reconnect_pause,
@@ -310,7 +313,8 @@ class Relay:
         self._running = True
         self._progress()
         idle = _wake.IdlePause(self.idle_pause, self.max_idle_pause, self._bell)
-        stop_listening = _wake.listen(self._bell, self._database, self.wake)
+        stop_listening = _wake.listen(self._bell, self._database, self.wake,
+                                      self.native_wake)
         try:
             while not stop.is_set():
                 try:

@@ -371,8 +371,9 @@ class OutboxRepository:
         limit = _checks.positive_int("limit", limit, _checks.MAX_LIMIT)
         ordered = _checks.flag("ordered", ordered)
         isolation = _session.claim_isolation(self.database)
-        if isolation == _session.SERIALIZABLE:
-            raise IsolationLevelError(isolation)
+        if isolation in self._family.refused_claim_levels:
+            raise IsolationLevelError(isolation, level=self._family.claim_level,
+                                      why=self._family.claim_refusal)
         now = self._now()
         wanted = limit * self.claim_window
         pages = (self._heads(now, wanted) if ordered else
@@ -484,8 +485,8 @@ class OutboxRepository:
         if not isinstance(error_message, str):
             raise InvalidEventError(
                 f"error_message must be a str, not {type(error_message).__name__}")
-        message = _checks.bounded_text("error_message", redact(error_message),
-                                       MAX_ERROR_MESSAGE_BYTES)
+        message = self._family.stored_text(_checks.bounded_text(
+            "error_message", redact(error_message), MAX_ERROR_MESSAGE_BYTES))
         retryable = _checks.flag("retryable", retryable)
         now = self._now()
         values = {"code": error_code, "message": message, "now": now, "id": event_id,

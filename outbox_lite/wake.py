@@ -6,7 +6,10 @@ its bell rings and otherwise polls as before. Three ways a ring travels:
 * **in-process**, always: a registry of this process's bells keyed by the database's name, so a
   relay in the service's own process wakes with no server at all;
 * **Redis pub/sub** (``wake="redis://…"``): ``PUBLISH outbox-lite:wake:<database> ""``;
-* **NATS core** (``wake="nats://…"``): a plain publish to ``outbox-lite.wake.<database>``.
+* **NATS core** (``wake="nats://…"``): a plain publish to ``outbox-lite.wake.<database>``;
+* **PostgreSQL's own NOTIFY**, always on PostgreSQL: every event's INSERT notifies
+  ``outbox_event``, delivered at the writer's COMMIT, and the relay LISTENs on a connection
+  of its own (:func:`native_source`).
 
 A ring carries nothing (an empty message: no id, no payload, no credential) and is a flag, not
 a queue: any number of rings before the relay looks are one. Losing one loses no event: the
@@ -31,6 +34,7 @@ from urllib.parse import quote, urlsplit
 
 import peewee as pw
 
+from ._families import family_of
 from .errors import InvalidEventError
 
 logger = logging.getLogger(__name__)
@@ -203,10 +207,10 @@ class WakeSource:
     from a sender thread of its own (so a write never waits on it), :meth:`listen` rings a
     bell for each one heard, from a listener thread. Both reconnect in the background."""
 
-    def __init__(self, url: str, key: str) -> None:
+    def __init__(self, url: str, key: str, transport: Any = None) -> None:
         self.url, self.key = url, key
-        self.channel = channel_of(url, key)
-        self._transport = _transport(url)
+        self.channel = channel_of(url, key) if transport is None else transport.channel
+        self._transport = _transport(url) if transport is None else transport
         self._outbox = Doorbell()  # rings to send, coalesced
         self._sender: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -481,19 +485,42 @@ def wake_source(wake: Any, database: pw.Database) -> WakeSource | None:
         return source
 
 
-def listen(bell: Doorbell, database: pw.Database,
-           source: WakeSource | None) -> Callable[[], None]:
-    """Ring ``bell`` for the wake-ups of ``database``: this process's, and ``source``'s when
-    given. Returns the function that stops listening."""
+def native_source(database: pw.Database) -> WakeSource | None:
+    """The wake-up ``database``'s server sends by itself, or None: on PostgreSQL the
+    ``NOTIFY outbox_event`` of every event's INSERT, heard by ``LISTEN`` on a connection of
+    the listener's own (the family's :meth:`listener`); MySQL has none."""
+    listener = getattr(family_of(database), "listener", None)
+    if listener is None:
+        return None
+    return NativeSource("", database_key(database), listener(database))
+
+
+class NativeSource(WakeSource):
+    """A database's own notifications as a wake-up source: nothing to signal (the INSERT
+    notifies), a listener that reconnects in the background like the others."""
+
+    def signal(self) -> None:  # the database notifies at the writer's commit
+        return None
+
+
+def listen(bell: Doorbell, database: pw.Database, source: WakeSource | None,
+           native: WakeSource | None = None) -> Callable[[], None]:
+    """Ring ``bell`` for the wake-ups of ``database``: ``source``'s when given, and either the
+    database's own (``native``, PostgreSQL's LISTEN) or, without one, this process's. Not
+    both: the server's notification of a commit and the in-process ring of the same commit
+    would be two rings for one event, and the second, answered by an empty claim, would put
+    the relay in its retry pauses, deaf to the next event's ring for up to a second. Returns
+    the function that stops listening."""
     key = database_key(database)
-    listen_locally(key, bell)
+    if native is None:
+        listen_locally(key, bell)
     stop = threading.Event()
-    thread = source.listen(bell, stop) if source is not None else None
+    threads = [s.listen(bell, stop) for s in (source, native) if s is not None]
 
     def stop_listening() -> None:
         stop.set()
         stop_listening_locally(key, bell)
-        if thread is not None:
+        for thread in threads:
             thread.join(2)
 
     return stop_listening

@@ -11,7 +11,7 @@ the tests ask the server. The repository, the inbox, the relay, the CLI and the 
 suite call :func:`family_of` once and never branch on the answer.
 
 Families: :mod:`.mysql` (MySQL and MariaDB; MariaDB a flag of the server, as peewee's
-``MySQLDatabase`` has its ``mariadb``).
+``MySQLDatabase`` has its ``mariadb``) and :mod:`.postgresql`.
 """
 
 from __future__ import annotations
@@ -77,6 +77,15 @@ class Statement(str):
         return Statement(self.named.replace(old, new, count))
 
 
+class Pages(NamedTuple):
+    """One keyset-paged read of ids in (key, id) order: the first page, a next page (after
+    ``after_key``, ``after_id``), and the read of a row's key."""
+
+    first: Statement
+    next: Statement
+    key_of: Statement
+
+
 class Column(NamedTuple):
     """What one column of a table outbox_lite makes must be (``outbox_lite._schema``)."""
 
@@ -126,9 +135,10 @@ _LOCK = threading.Lock()
 def _registered() -> list[Family]:
     if not _FAMILIES:
         from .mysql import FAMILY as mysql
+        from .postgresql import FAMILY as postgresql
         with _LOCK:
             if not _FAMILIES:
-                _FAMILIES.append(mysql)
+                _FAMILIES.extend((mysql, postgresql))
     return _FAMILIES
 
 
@@ -152,7 +162,8 @@ def family_of(database: Any) -> Any:
             return family
     raise TypeError(
         "database must be a peewee MySQLDatabase (or a subclass: pooled, ReconnectMixin,"
-        f" ...) for MySQL or MariaDB, not {type(database).__name__}")
+        " ...) for MySQL or MariaDB, or a peewee PostgresqlDatabase (or a subclass: pooled,"
+        f" PostgresqlExtDatabase, psycopg 3's) for PostgreSQL, not {type(database).__name__}")
 
 
 def family_for_scheme(scheme: str) -> Any:
@@ -181,9 +192,13 @@ def connection_trouble(exc: BaseException) -> str | None:
     return None
 
 
-def tls_refused(exc: BaseException) -> bool:
-    """Whether ``exc`` is a server refusing the TLS a URL asks for, in any family."""
-    return any(family.tls_refused(exc) for family in _registered())  # type: ignore[attr-defined]
+def tls_refused(exc: BaseException) -> str | None:
+    """Why TLS failed when ``exc`` is a server without the TLS a URL asks for (each family
+    names its own URL options), else None."""
+    for family in _registered():
+        if family.tls_refused(exc):  # type: ignore[attr-defined]
+            return family.no_tls  # type: ignore[attr-defined,no-any-return]
+    return None
 
 
 def url_form() -> str:

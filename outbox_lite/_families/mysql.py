@@ -142,6 +142,10 @@ class MySQLFamily(Family):
             return "going"
         return None
 
+    #: Why a connection failed when the server has no TLS and the URL asks for it.
+    no_tls = ("the server offers no TLS, and the URL asks for it (ssl_ca, ssl_cert, ssl_key, "
+              "ssl_verify_cert or ssl_verify_identity)")
+
     @staticmethod
     def tls_refused(exc: BaseException) -> bool:
         """The server offers no TLS though the URL asks for it."""
@@ -207,6 +211,15 @@ class MySQLFamily(Family):
         return thread_id() if callable(thread_id) else None
 
     @staticmethod
+    def check_inbox_key(consumer: str, message_id: str) -> None:
+        """Every key of the allowed lengths fits: 4 x (64 + 704) is InnoDB's 3,072 bytes."""
+
+    @staticmethod
+    def stored_text(text: str) -> str:
+        """``text`` as a TEXT column holds it (every character, NUL too)."""
+        return text
+
+    @staticmethod
     def id_list(ids: Sequence[int]) -> tuple[int, ...]:
         """A list of ids as the ``%(ids)s`` of this family's statements takes it."""
         return tuple(ids)
@@ -269,6 +282,33 @@ class MySQLFamily(Family):
         return changed
 
     # -- the schema, the server ------------------------------------------------------------
+
+    #: How a repair changes a column's definition (ALTER TABLE t <this>).
+    modify_column = "MODIFY {name} {definition}"
+    #: The claim's level when the session's would break it: SERIALIZABLE claimers wait for
+    #: each other and deadlock, REPEATABLE READ does not (``_session.claim_transaction``).
+    claim_level = "REPEATABLE READ"
+    refused_claim_levels = frozenset({"SERIALIZABLE"})
+    claim_refusal = "claimers would wait for each other and deadlock"
+
+    def claim_level_for(self, session_level: str) -> str | None:
+        """The level the relay's own claim transaction must ask for, or None (the
+        session's will do)."""
+        return self.claim_level if session_level in self.refused_claim_levels else None
+
+    @staticmethod
+    def table_state(database: pw.Database, table: str, execute: Any) -> tuple[bool, bool]:
+        """(whether ``table`` exists, whether the user may read it). information_schema
+        hides a table the user holds no privilege on, so this asks the table itself: the
+        server answers 1146 only to a user who may know, and 1142 (raised) to one who may not
+        read it."""
+        try:
+            execute(sql.TABLE_PROBES[table], ())
+        except (pw.ProgrammingError, pw.OperationalError) as exc:
+            if errno_of(exc) == ER_NO_SUCH_TABLE:
+                return False, False
+            raise
+        return True, True
 
     @staticmethod
     def lock_counters(database: pw.Database) -> LockCounters:

@@ -17,9 +17,8 @@ tuple (PyMySQL writes it as ``(1,2,3)``). Every family's statements module has t
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
-from . import Statement
+from . import Pages, Statement
 
 # The states, as the statements below spell them: pending, processing, published, failed.
 
@@ -185,15 +184,6 @@ RENEWED = Statement(
 )
 
 # -- pages: lock-free keyset reads of ids (``OutboxRepository._pages``) ---------------------
-
-
-class Pages(NamedTuple):
-    """One keyset-paged read of ids in (key, id) order: the first page, a next page (after
-    ``after_key``, ``after_id``), and the read of a row's key."""
-
-    first: Statement
-    next: Statement
-    key_of: Statement
 
 
 def _pages(source: str, where: str, key: str) -> Pages:

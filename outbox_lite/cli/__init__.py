@@ -175,7 +175,8 @@ class _Version(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="outbox-lite", description="Transactional outbox tools for MySQL/MariaDB.")
+        prog="outbox-lite",
+        description="Transactional outbox tools for MySQL/MariaDB and PostgreSQL.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     parser.add_argument("--version", action=_Version,
                         help="show the versions of outbox-lite, Peewee, peewee-migrate, "
@@ -233,10 +234,11 @@ def _quiet_stdout() -> None:
         pass
 
 
-#: What a command reports in one line: ours, Peewee's, the drivers' own (PyMySQL's MySQLError
-#: …), the system's.
-_REPORTED: tuple[type[BaseException], ...] = (
-    CommandError, OutboxError, pw.PeeweeException, OSError, RuntimeError, *driver_errors())
+def _reported() -> tuple[type[BaseException], ...]:
+    """What a command reports in one line: ours, Peewee's, the drivers' own (PyMySQL's
+    MySQLError, psycopg's Error), the system's. Asked only once something was raised."""
+    return (CommandError, OutboxError, pw.PeeweeException, OSError, RuntimeError,
+            *driver_errors())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -265,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _interrupted(args.command, interrupt)
         print(f"outbox-lite {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except _REPORTED as exc:
+    except _reported() as exc:
         if (interrupt := _signals.interruption(exc)) is not None:
             return _interrupted(args.command, interrupt)
         print(f"outbox-lite {args.command}: error: {_describe(exc, url, args.command)}",

@@ -112,7 +112,7 @@ def plural(count: int, noun: str) -> str:
 
 
 @contextlib.contextmanager
-def open_database(url: DatabaseUrl) -> Iterator[pw.MySQLDatabase]:
+def open_database(url: DatabaseUrl) -> Iterator[pw.Database]:
     """The command's database, closed when the command is done with it."""
     database = url.database()
     try:
@@ -152,14 +152,18 @@ def say_purged(what: str, age: Age, dry_run: bool) -> None:
 def add_database_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url", metavar="URL",
-        help="mysql://user[:password]@host[:port]/database[?option=value&...] "
-             f"(default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL}). Percent-encode the user "
-             "and password (%% as %%25); options: " + ", ".join(url_options()))
+        help="mysql://user[:password]@host[:port]/database[?option=value&...] or "
+             "postgresql://user[:password]@host[:port]/database[?option=value&...] (also "
+             f"postgres://; default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL}). "
+             "Percent-encode the user and password (%% as %%25); options: "
+             + ", ".join(url_options()) + "; PostgreSQL's: "
+             + ", ".join(url_options("postgresql")))
 
 
-def url_options() -> list[str]:
-    from .._db import OPTIONS
-    return list(OPTIONS)
+def url_options(scheme: str = "mysql") -> list[str]:
+    """The query parameters a URL of ``scheme`` takes."""
+    from .._families import family_for_scheme
+    return list(family_for_scheme(scheme).url_class.OPTIONS)
 
 
 

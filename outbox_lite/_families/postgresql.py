@@ -1,0 +1,567 @@
+"""The PostgreSQL family: PostgreSQL 15+ through psycopg 3 or psycopg2 (whichever the Peewee
+database uses: ``PostgresqlDatabase``, pooled, ``PostgresqlExtDatabase``, psycopg 3's).
+
+Here: the database check, SQLSTATEs and what each means (a driver error at connect carries
+none: its text says), the write of an event (``INSERT … ON CONFLICT (dedupe_key) DO NOTHING
+RETURNING id``, which never sends the duplicate to the server as an error, with
+``pg_notify('outbox_event', '')`` in the same statement), the session question (isolation,
+encodings), the schema the tables must have, the ``postgresql://`` URL, creating and dropping
+a database, and the LISTEN wake-up. The statements are in :mod:`.postgresql_sql`. Every
+difference from MySQL found so far is in /work/team/pg-notes.md and the README.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import select
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import peewee as pw
+
+from ..errors import DuplicateEventError, InvalidEventError, LockConflictError
+from . import Column, Family, LockCounters
+from . import postgresql_sql as sql
+from .url import DatabaseExistsError, DatabaseUrl, DatabaseUrlError, text_option
+
+# ---------------------------------------------------------------------------
+# The driver's errors
+# ---------------------------------------------------------------------------
+
+UNIQUE_VIOLATION = "23505"
+#: Deadlock, lock not available (NOWAIT, lock_timeout), serialization failure.
+LOCK_CONFLICTS = frozenset({"40P01", "55P03", "40001"})
+UNDEFINED_TABLE, INSUFFICIENT_PRIVILEGE = "42P01", "42501"
+DUPLICATE_DATABASE, INVALID_CATALOG_NAME = "42P04", "3D000"
+INVALID_PASSWORD, INVALID_AUTHORIZATION = "28P01", "28000"
+#: The server ended the session (admin shutdown, crash shutdown) or is starting or full.
+_ENDED = frozenset({"57P01", "57P02"})
+_GOING = frozenset({"57P03", "53300"})
+#: What a driver error at connect (no SQLSTATE) says when the server cannot be reached.
+_UNREACHABLE_WORDS = ("connection refused", "could not connect", "timeout expired",
+                      "could not translate host name", "failed to resolve host",
+                      "no route to host", "network is unreachable", "connection timed out",
+                      "name or service not known")
+_UNKNOWN_HOST_WORDS = ("could not translate host name", "failed to resolve host",
+                       "name or service not known")
+_NO_TLS_WORDS = ("server does not support ssl",)
+_RELATION_RE = re.compile(r'relation "([^"]+)" does not exist')
+_DENIED_RE = re.compile(r"permission denied for (?:table|relation) (\S+)")
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] in ("psycopg", "psycopg2", "psycopg_binary")
+
+
+def driver_error(exc: BaseException | None) -> BaseException | None:
+    """The psycopg (3 or 2) error behind a Peewee exception (Peewee passes it as its first
+    argument and chains it), or None when ``exc`` is not one of theirs."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        cause = todo.pop(0)
+        if cause is None or any(cause is s for s in seen) or len(seen) > 8:
+            continue
+        seen.append(cause)
+        if _is_driver_error(cause):
+            return cause
+        args = getattr(cause, "args", ())
+        todo += [a for a in args[:1] if isinstance(a, BaseException)]
+        todo += [getattr(cause, "orig", None), cause.__cause__, cause.__context__]
+    return None
+
+
+def sqlstate_of(exc: BaseException | None) -> str | None:
+    """The SQLSTATE of the driver error behind ``exc`` (None at connect, or not PostgreSQL's)."""
+    error = driver_error(exc)
+    if error is None:
+        return None
+    return getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+
+
+def _first_line(exc: BaseException | None) -> str:
+    error = driver_error(exc) or exc
+    text = str(error).strip()
+    return text.splitlines()[0].strip() if text else type(error).__name__
+
+
+# ---------------------------------------------------------------------------
+# The server
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Server:
+    """A PostgreSQL server, as ``server_version`` describes it (e.g. ``15.20 (Debian …)``)."""
+
+    version_text: str
+    is_mariadb = False
+    kind = "PostgreSQL"
+
+    @property
+    def version(self) -> tuple[int, int, int]:
+        match = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", self.version_text)
+        if match is None:
+            raise ValueError(f"cannot read a version from {self.version_text!r}")
+        return tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
+
+    def __str__(self) -> str:
+        return f"PostgreSQL {'.'.join(map(str, self.version[:2]))}"
+
+
+# ---------------------------------------------------------------------------
+# The family
+# ---------------------------------------------------------------------------
+
+_EXACT = 'COLLATE "C"'
+_INSTANT = "timestamp(6) without time zone"
+
+
+class PostgreSQLFamily(Family):
+    """PostgreSQL 15+. One instance serves every database of the family."""
+
+    name = "postgresql"
+    schemes = ("postgresql", "postgres")
+    sql = sql
+    #: An exactly compared column's collation: "C" compares and sorts bytes (every built-in
+    #: collation is deterministic, equality is exact anyway; "C" also pins it against a
+    #: nondeterministic ICU default).
+    exact_collation = "C"
+    instant_type = _INSTANT
+    modify_column = "ALTER COLUMN {name} TYPE {definition}"
+    #: The claim runs at READ COMMITTED: at REPEATABLE READ and SERIALIZABLE PostgreSQL fails
+    #: a locking read of a row changed after the snapshot (40001), which concurrent claimers
+    #: do all the time.
+    claim_level = "READ COMMITTED"
+    refused_claim_levels = frozenset({"SERIALIZABLE"})
+    claim_refusal = "concurrent claimers would fail with serialization errors"
+
+    def claim_level_for(self, session_level: str) -> str | None:
+        """READ COMMITTED for the relay's own claim unless the session's is already."""
+        return None if session_level == self.claim_level else self.claim_level
+
+    @property
+    def driver_errors(self) -> tuple[type[BaseException], ...]:  # type: ignore[override]
+        """The base errors of the drivers imported so far (one not imported raised none)."""
+        modules = (sys.modules.get(name) for name in ("psycopg", "psycopg2"))
+        return tuple(module.Error for module in modules if module is not None)
+
+    @classmethod
+    def accepts(cls, database: Any) -> bool:
+        return isinstance(database, pw.PostgresqlDatabase)
+
+    @staticmethod
+    def check_database(database: Any) -> None:
+        """Nothing to check before connecting: the encodings are asked with the session
+        (:meth:`ask_session`)."""
+
+    # -- errors -------------------------------------------------------------------------
+
+    @staticmethod
+    def lock_conflict(exc: BaseException) -> LockConflictError | None:
+        state = sqlstate_of(exc)
+        if state in LOCK_CONFLICTS:
+            return LockConflictError(state, _first_line(exc), "PostgreSQL")  # type: ignore[arg-type]
+        return None
+
+    @staticmethod
+    def connection_trouble(exc: BaseException) -> str | None:
+        error = driver_error(exc)
+        if error is None:
+            return None
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if state is not None:
+            if state.startswith("08") or state in _ENDED:
+                return "lost"
+            return "going" if state in _GOING else None
+        if type(error).__name__ not in ("OperationalError", "InterfaceError"):
+            return None
+        text = _first_line(error).lower()
+        if "fatal:" in text or any(word in text for word in _NO_TLS_WORDS):
+            return None  # a login or a database refused, TLS refused: no retry helps
+        if any(word in text for word in _UNREACHABLE_WORDS):
+            return "unreachable"
+        return "lost"
+
+    no_tls = "the server offers no TLS, and the URL asks for it (sslmode=require or stricter)"
+
+    @staticmethod
+    def tls_refused(exc: BaseException) -> bool:
+        error = driver_error(exc)
+        return error is not None and any(word in _first_line(error).lower()
+                                         for word in _NO_TLS_WORDS)
+
+    @staticmethod
+    def duplicate_key(exc: BaseException) -> str | None:
+        if sqlstate_of(exc) != UNIQUE_VIOLATION:
+            return None
+        diag = getattr(driver_error(exc), "diag", None)
+        return getattr(diag, "constraint_name", None) or _first_line(exc)
+
+    @staticmethod
+    def missing_table(exc: BaseException) -> bool:
+        return sqlstate_of(exc) == UNDEFINED_TABLE
+
+    @staticmethod
+    def denied(exc: BaseException) -> bool:
+        return sqlstate_of(exc) == INSUFFICIENT_PRIVILEGE
+
+    @staticmethod
+    def payload_refused(exc: BaseException) -> Any:
+        return None
+
+    def describe(self, exc: BaseException, url: DatabaseUrl | None,
+                 privilege_hint: str) -> str | None:
+        """The command line's one line for a server error, or None."""
+        if driver_error(exc) is None or url is None:
+            return None
+        state = sqlstate_of(exc)
+        text = _first_line(exc)
+        lower = text.lower()
+        if (state in (INVALID_PASSWORD, INVALID_AUTHORIZATION)
+                or "password authentication failed" in lower
+                or re.search(r'role "[^"]*" does not exist', lower)):
+            return f"access denied for user {url.user} (check the user and password)"
+        if state == INVALID_CATALOG_NAME or re.search(r'database "[^"]*" does not exist',
+                                                      lower):
+            return f"database {url.name} does not exist (run: outbox-lite migrate)"
+        if state == INSUFFICIENT_PRIVILEGE:
+            denied = _DENIED_RE.search(text)
+            what = f"on table {denied[1]}" if denied else "it needs"
+            return f"user {url.user} lacks a privilege {what}: {privilege_hint}"
+        if state == UNDEFINED_TABLE:
+            missing = _RELATION_RE.search(text)
+            table = missing[1] if missing else "outbox_event"
+            return f"table {table} is missing in {url.name} (run: outbox-lite migrate)"
+        if any(word in lower for word in _UNKNOWN_HOST_WORDS):
+            return f"unknown PostgreSQL server host {url.host}"
+        if self.connection_trouble(exc) == "unreachable":
+            return f"cannot reach the PostgreSQL server at {url.host}:{url.port}"
+        return None
+
+    def tls_message(self, url: DatabaseUrl, why: str) -> str:
+        return f"TLS with the PostgreSQL server at {url.host}:{url.port} failed: {why}"
+
+    # -- sessions -----------------------------------------------------------------------
+
+    @staticmethod
+    def ask_session(database: pw.Database, conn: Any) -> tuple[bool, str, Server]:
+        """(autocommit, isolation level, the server) of a connection: one round trip.
+        PostgreSQL has no autocommit on the server (Peewee's connections are autocommit on
+        the driver's side). Raises ValueError for a database or connection whose encoding is
+        not UTF8: SQL_ASCII would hand text back as bytes, LATIN1 refuse most characters."""
+        isolation, version, server_encoding, client_encoding = database.execute_sql(
+            sql.SESSION).fetchone()
+        for what, encoding in (("database", server_encoding), ("connection",
+                                                                client_encoding)):
+            if str(encoding).upper().replace("-", "") != "UTF8":
+                raise ValueError(
+                    f"the {what}'s encoding is {encoding}, not UTF8: events would not be "
+                    "stored and read back as they are (create the database with ENCODING "
+                    "'UTF8', as outbox-lite migrate does)")
+        return True, str(isolation), Server(str(version))
+
+    @staticmethod
+    def session_id(conn: Any) -> Any:
+        info = getattr(conn, "info", None)
+        pid = getattr(info, "backend_pid", None)  # psycopg 3
+        if pid is None and callable(getattr(conn, "get_backend_pid", None)):
+            pid = conn.get_backend_pid()  # psycopg2
+        return pid
+
+    #: The most bytes of UTF-8 consumer + message_id an inbox key may hold: a btree entry holds
+    #: at most 2,704 bytes, 16 of them the entry's and the two values' headers. PostgreSQL
+    #: compresses a long key when it can, so some longer ones would fit; this bound holds for
+    #: every key (measured: 3,072 bytes of random 4-byte characters refused with 54000).
+    max_inbox_key_bytes = 2688
+
+    def check_inbox_key(self, consumer: str, message_id: str) -> None:
+        """InvalidEventError, before any SQL, for an inbox key the primary key cannot hold
+        (the server's refusal would abort the caller's transaction)."""
+        size = len(consumer.encode("utf-8")) + len(message_id.encode("utf-8"))
+        if size > self.max_inbox_key_bytes:
+            raise InvalidEventError(
+                f"consumer and message_id are {size} bytes of UTF-8 together; PostgreSQL's "
+                f"index of the inbox holds at most {self.max_inbox_key_bytes} (704 ASCII "
+                "characters always fit)")
+
+    @staticmethod
+    def stored_text(text: str) -> str:
+        """``text`` as a text column can hold it: PostgreSQL's text holds no NUL character
+        (the driver refuses it), so a NUL in an error message is stored as U+FFFD."""
+        return text.replace("\x00", "\ufffd")
+
+    @staticmethod
+    def id_list(ids: Sequence[Any]) -> list[Any]:
+        """A list of ids as ``= ANY(%(ids)s)`` takes it: a list (sent as an array)."""
+        return list(ids)
+
+    # -- writing an event -----------------------------------------------------------------
+
+    def write_event(self, database: pw.Database, values: dict[str, Any], *, given_key: bool,
+                    isolation: str, payload: Any, execute: Any) -> int:
+        """Insert the event and notify the relays, in one statement; its id. A duplicate
+        ``dedupe_key`` (the caller's) is no row: DuplicateEventError, and the caller's
+        transaction goes on (nothing failed on the server). PostgreSQL has no statement size
+        limit below 1 GB, so ``max_payload_bytes`` is the only bound."""
+        statement = sql.INSERT_UNLESS_TAKEN if given_key else sql.INSERT
+        row = execute(*statement.bind(values)).fetchone()
+        if row is None:
+            raise DuplicateEventError(values["dedupe_key"])
+        return int(row[0])
+
+    @staticmethod
+    def extend_locks(values: dict[str, Any], count: int, execute: Any) -> int:
+        """Renew the claims; PostgreSQL's row count is the rows matched."""
+        return int(execute(*sql.EXTEND_LOCKS.bind(values)).rowcount)
+
+    # -- the schema, the server ------------------------------------------------------------
+
+    @staticmethod
+    def table_state(database: pw.Database, table: str, execute: Any) -> tuple[bool, bool]:
+        """(whether ``table`` exists, whether the user may read it), with no error."""
+        exists, readable = execute(*sql.TABLE_STATE.bind({"table": table})).fetchone()
+        return bool(exists), bool(readable)
+
+    @staticmethod
+    def lock_counters(database: pw.Database) -> LockCounters:
+        """The database's deadlocks (``pg_stat_database``); PostgreSQL counts no lock waits
+        (0 here; ``log_lock_waits`` logs those longer than ``deadlock_timeout``)."""
+        database.execute_sql("SELECT pg_stat_force_next_flush()")
+        (deadlocks,) = database.execute_sql(sql.DEADLOCKS).fetchone()
+        return LockCounters(int(deadlocks or 0), 0)
+
+    def listener(self, database: pw.Database) -> "Listener":
+        """The relay's LISTEN on ``outbox_event``, on a connection of its own."""
+        return Listener(database)
+
+    url_class: type[DatabaseUrl]
+
+    #: What each table needs, column by column (the migrations' result).
+    schema_columns = {
+        "outbox_event": {
+            "id": Column("BIGINT", "bigint", False),
+            "event_type": Column("VARCHAR(255)", "character varying(255)", False),
+            "aggregate_type": Column(f"VARCHAR(255) {_EXACT}", "character varying(255)",
+                                     True, True),
+            "aggregate_id": Column(f"VARCHAR(255) {_EXACT}", "character varying(255)", True,
+                                   True),
+            "dedupe_key": Column(f"VARCHAR(255) {_EXACT}", "character varying(255)", True),
+            "payload": Column("JSON", "json", False),
+            "status": Column("VARCHAR(16)", "character varying(16)", False),
+            "attempt_count": Column("INTEGER", "integer", False),
+            "available_at": Column("TIMESTAMP(6)", _INSTANT, False),
+            "locked_at": Column("TIMESTAMP(6)", _INSTANT, False),
+            "locked_by": Column(f"VARCHAR(255) {_EXACT}", "character varying(255)", True),
+            "published_at": Column("TIMESTAMP(6)", _INSTANT, False),
+            "last_error_code": Column(f"VARCHAR(64) {_EXACT}", "character varying(64)", True,
+                                      True),
+            "last_error_message": Column("TEXT", "text", False),
+            "created_at": Column("TIMESTAMP(6)", _INSTANT, False),
+            "updated_at": Column("TIMESTAMP(6)", _INSTANT, False),
+        },
+        "inbox_message": {
+            "consumer": Column(f"VARCHAR(64) {_EXACT}", "character varying(64)", True),
+            "message_id": Column(f"VARCHAR(704) {_EXACT}", "character varying(704)", True),
+            "received_at": Column("TIMESTAMP(6)", _INSTANT, False),
+        },
+    }
+
+
+FAMILY = PostgreSQLFamily()
+
+
+# ---------------------------------------------------------------------------
+# LISTEN: the relay's wake-up on PostgreSQL
+# ---------------------------------------------------------------------------
+
+def _driver() -> Any:
+    """psycopg 3 when installed, else psycopg2 (ImportError naming the extra)."""
+    for name in ("psycopg", "psycopg2"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("PostgreSQL needs a driver: pip install 'outbox-lite[postgresql]'")
+
+
+def _connect(dbname: str, params: dict[str, Any]) -> Any:
+    """A driver connection of its own, in autocommit."""
+    driver = _driver()
+    if driver.__name__ == "psycopg":
+        return driver.connect(dbname=dbname, autocommit=True, **params)
+    conn = driver.connect(dbname=dbname, **params)
+    conn.autocommit = True
+    return conn
+
+
+class Listener:
+    """``LISTEN outbox_event`` on a connection of its own (autocommit, never in a
+    transaction, which would hold notifications back), ringing the relay's bell for each
+    notification: the wake transport of :mod:`outbox_lite.wake` on PostgreSQL."""
+
+    def __init__(self, database: pw.Database) -> None:
+        self.dbname = str(database.database)
+        params = dict(getattr(database, "connect_params", {}))
+        self.params = {k: v for k, v in params.items()
+                       if k in ("host", "port", "user", "password", "sslmode", "sslrootcert",
+                                "sslcert", "sslkey", "sslpassword", "connect_timeout",
+                                "application_name", "options", "service")}
+        self.channel = sql.CHANNEL
+        self.where = (f"PostgreSQL LISTEN {sql.CHANNEL} on "
+                      f"{self.params.get('host', 'localhost')}:{self.params.get('port', 5432)}"
+                      f"/{self.dbname}")
+        self._lock = threading.Lock()
+
+    def publish(self, channel: str) -> None:  # the INSERT notifies: nothing to send
+        return None
+
+    def drop(self) -> None:
+        return None
+
+    def listen(self, channel: str, bell: Any, stop: threading.Event,
+               ready: Callable[[], None]) -> None:
+        conn = _connect(self.dbname, self.params)
+        try:
+            conn.cursor().execute(f"LISTEN {sql.CHANNEL}")
+            ready()
+            if hasattr(conn, "notifies") and callable(conn.notifies):  # psycopg 3
+                while not stop.is_set():
+                    for _ in conn.notifies(timeout=0.25, stop_after=1):
+                        bell.ring()
+                    if conn.closed:
+                        raise ConnectionError("the LISTEN connection closed")
+            else:  # psycopg2
+                while not stop.is_set():
+                    if select.select([conn], [], [], 0.25)[0]:
+                        conn.poll()
+                        if conn.notifies:
+                            conn.notifies.clear()
+                            bell.ring()
+                    if conn.closed:
+                        raise ConnectionError("the LISTEN connection closed")
+        finally:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+
+
+# ---------------------------------------------------------------------------
+# URLs: postgresql:// (also postgres://)
+# ---------------------------------------------------------------------------
+
+FORM = ("expected postgresql://user[:password]@host[:port]/database[?option=value&...] (or "
+        "postgres://), with the user and password percent-encoded (% as %25; / # ? @ may be "
+        "written as they are)")
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
+def _sslmode(name: str, value: str) -> str:
+    if value not in _SSLMODES:
+        raise DatabaseUrlError(f"URL parameter {name} must be one of {', '.join(_SSLMODES)}")
+    return value
+
+
+def _whole_seconds(name: str, value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 31_536_000:
+        raise DatabaseUrlError(f"URL parameter {name} must be a whole number of seconds from 1"
+                               " to 31536000")
+    return int(value)
+
+
+#: The query parameters a URL may carry, named as libpq names them, with their readers.
+OPTIONS: dict[str, Callable[[str, str], Any]] = {
+    "sslmode": _sslmode, "sslrootcert": text_option, "sslcert": text_option,
+    "sslkey": text_option, "sslpassword": text_option, "connect_timeout": _whole_seconds,
+    "application_name": text_option,
+}
+
+
+class PostgresUrl(DatabaseUrl):
+    """A parsed ``postgresql://`` (or ``postgres://``) URL; ``str()`` never shows the
+    password."""
+
+    scheme = "postgresql"
+    default_port = 5432
+    default_user = "postgres"
+    name_re = re.compile(r"[A-Za-z0-9_$]{1,63}")
+    name_rule = "1-63 letters, digits, _ or $"
+    form = FORM
+    OPTIONS = OPTIONS
+    secret_options = frozenset({"sslpassword"})
+    file_options = ("sslrootcert", "sslcert", "sslkey")
+
+    def _params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user,
+                                  "connect_timeout": 5, **dict(self.options)}
+        if self.password:
+            params["password"] = self.password
+        return params
+
+    def database(self, database_class: Any = None, **kwargs: Any) -> Any:
+        """A Peewee database for this URL (connects lazily), of ``database_class`` (default:
+        Peewee's PostgresqlDatabase, or on Peewee 3 without psycopg2 its Psycopg3Database);
+        ``kwargs`` add to or override the URL's connection options."""
+        kind = default_database_class() if database_class is None else database_class
+        return kind(self.name, **{**self._params(), **kwargs})
+
+    def server_connection(self) -> Any:
+        """A plain driver connection to the server's maintenance database ``postgres``, in
+        autocommit."""
+        return _connect("postgres", self._params())
+
+    def exists(self) -> bool:
+        conn = self.server_connection()
+        try:
+            cur = conn.cursor()
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.name,))
+            return cur.fetchone() is not None
+        finally:
+            conn.close()
+
+    def create_database(self, *, exclusive: bool = False) -> bool:
+        """Create the database (UTF8, from template0) when missing; True when it was
+        created. With ``exclusive`` an existing database raises DatabaseExistsError."""
+        conn = self.server_connection()
+        try:
+            cur = conn.cursor()
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.name,))
+            if cur.fetchone() is None:
+                try:  # of two runs racing, only one creates it
+                    cur.execute(f'CREATE DATABASE "{self.name}" ENCODING \'UTF8\''
+                                " TEMPLATE template0")
+                    return True
+                except Exception as exc:  # noqa: BLE001 - the driver's DuplicateDatabase
+                    if sqlstate_of(exc) != DUPLICATE_DATABASE:
+                        raise
+            if exclusive:
+                raise DatabaseExistsError(f"database {self.name} exists already")
+            return False
+        finally:
+            conn.close()
+
+    def drop_database(self) -> None:
+        """Drop the database, ending its sessions first (``WITH (FORCE)``)."""
+        conn = self.server_connection()
+        try:
+            conn.cursor().execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        finally:
+            conn.close()
+
+
+def default_database_class() -> Any:
+    """Peewee's PostgresqlDatabase (Peewee 4 drives psycopg2 or psycopg 3 alike; Peewee 3
+    psycopg2 only), else Peewee 3's Psycopg3Database when only psycopg 3 is installed."""
+    if not str(getattr(pw, "__version__", "")).startswith("3."):
+        return pw.PostgresqlDatabase
+    try:
+        importlib.import_module("psycopg2")
+        return pw.PostgresqlDatabase
+    except ImportError:
+        return importlib.import_module("playhouse.psycopg3_ext").Psycopg3Database
+
+
+PostgreSQLFamily.url_class = PostgresUrl
