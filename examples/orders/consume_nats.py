@@ -42,7 +42,7 @@ async def main() -> None:
         except (nats.errors.TimeoutError, asyncio.TimeoutError):
             continue
         for msg in messages:
-            message_id = msg.headers["Nats-Msg-Id"]
+            message_id = (msg.headers or {})["Nats-Msg-Id"]  # the relay sets it on each
             order = json.loads(msg.data)
             shipped = await asyncio.to_thread(shipping.apply, message_id, order)
             shipping.report(message_id, order, shipped)

@@ -24,6 +24,7 @@ db = connect(DATABASE_URL, charset="utf8mb4")
 
 
 class Order(peewee.Model):
+    id = peewee.AutoField()
     customer = peewee.CharField(max_length=100)
     item = peewee.CharField(max_length=100)
     quantity = peewee.IntegerField()
