@@ -17,7 +17,7 @@ from outbox_lite import inbox as inbox_module
 from outbox_lite.cli import main
 from outbox_lite.relay import Relay
 
-from conftest import TEST_URL
+from _helpers import TEST_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "Hint-Pass-2609"
