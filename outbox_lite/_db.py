@@ -19,7 +19,7 @@ from . import _session
 from ._families import connection_trouble, family_of, tls_refused
 from ._families.mysql import OPTIONS
 from ._families.url import DatabaseExistsError, DatabaseUrl, DatabaseUrlError
-from .errors import ConnectionLostError, OutboxError
+from .errors import ConnectionLostError, OutboxError, SchemaError
 
 __all__ = ["CONNECTION_ERRORS", "DEFAULT_URL", "OPTIONS", "DatabaseExistsError", "DatabaseUrl",
            "DatabaseUrlError", "execute", "is_connection_error", "lost_connection",
@@ -156,17 +156,22 @@ def execute(database: pw.Database, sql: str, params: Sequence[Any]) -> Any:
     transaction the statement commits on its own, whatever the session's autocommit was
     (:mod:`outbox_lite._session`). A lock conflict (the family says which errors are one:
     MySQL's deadlock and lock-wait timeout) raises LockConflictError; a broken connection
-    raises :func:`lost_connection`'s
-    ConnectionLostError; anything else Peewee's own error."""
+    raises :func:`lost_connection`'s ConnectionLostError; a database that does not exist (a
+    connection opened here for it) SchemaError, as a missing table does; anything else
+    Peewee's own error."""
     try:
         conn = _session.prepare(database)
         cursor = database.execute_sql(sql, params)
         _session.settled(database, conn)
         return cursor
     except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
-        conflict = family_of(database).lock_conflict(exc)
+        family = family_of(database)
+        conflict = family.lock_conflict(exc)
         if conflict is not None:
             raise conflict from exc
+        if family.missing_database(exc):
+            raise SchemaError(f"database {database.database} does not exist"
+                              " (run: outbox-lite migrate)") from exc
         lost = lost_connection(database, exc)
         if lost is not None:
             raise lost from exc

@@ -4,6 +4,7 @@ run counts, one-line errors, exit codes), and the grants the README gives the in
 from __future__ import annotations
 
 import os
+import shlex
 
 import pytest
 
@@ -109,7 +110,7 @@ def test_server_errors_are_one_line_with_exit_1(db_url, capsys):
                      _url_of(db_url)]) == 1
         assert capsys.readouterr().err == (
             f"outbox-lite inbox purge: error: table inbox_message is missing in {db_url.name}"
-            " (run: outbox-lite migrate)\n")
+            f" (run: outbox-lite migrate --database-url {shlex.quote(str(db_url))})\n")
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -259,7 +260,8 @@ def test_cli_on_a_database_without_the_table_says_so_in_one_line(db_url, fetch):
                             capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 1
     assert result.stderr.strip() == (f"outbox-lite stats: error: table outbox_event is missing in "
-                                     f"{db_url.name} (run: outbox-lite migrate)")
+                                     f"{db_url.name} (run: outbox-lite migrate --database-url"
+                                     f" {shlex.quote(str(db_url))})")
 
 
 def test_cli_refuses_wrong_credentials_without_echoing_them(db_url):

@@ -165,6 +165,11 @@ class MySQLFamily(Family):
         return errno_of(exc) == ER_NO_SUCH_TABLE
 
     @staticmethod
+    def missing_database(exc: BaseException) -> bool:
+        """The database does not exist (told only to a user who may know; 1044 to others)."""
+        return errno_of(exc) == ER_BAD_DB_ERROR
+
+    @staticmethod
     def denied(exc: BaseException) -> bool:
         """A table or column privilege is missing (a table the user may not read looks the
         same whether it exists or not)."""

@@ -30,7 +30,8 @@ from ..models import HISTORY_TABLE
 from ..payload import redact
 from . import events, inbox, relay
 from ._args import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, add_database_flag,
-                    database_url, open_database, parse_positive)
+                    SuggestingParser, database_url, naming_the_database, open_database,
+                    parse_positive, suggestion)
 
 __all__ = ["build_parser", "main", "version_line"]
 
@@ -138,16 +139,19 @@ class _HelpFormatter(argparse.HelpFormatter):
                              break_on_hyphens=False)
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line too (argparse prints the whole usage first); help wrapped
-    between words (every subcommand's parser is one of these)."""
+class _Parser(SuggestingParser):
+    """Usage errors in one line too (argparse prints the whole usage first), naming the
+    closest flag or choice to a mistyped one, and the subcommand an unrecognized argument was
+    given to; help wrapped between words (every subcommand's parser is one of these)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        chosen, hint = suggestion(self, message)
+        prog = chosen.prog if message.startswith("unrecognized arguments") else self.prog
+        self.exit(EXIT_USAGE, f"{prog}: error: {message}{hint} (see {prog} --help)\n")
 
 
 def version_line() -> str:
@@ -270,8 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _reported() as exc:
         if (interrupt := _signals.interruption(exc)) is not None:
             return _interrupted(args.command, interrupt)
-        print(f"outbox-lite {args.command}: error: {_describe(exc, url, args.command)}",
-              file=sys.stderr)
+        message = naming_the_database(_describe(exc, url, args.command), args, url)
+        print(f"outbox-lite {args.command}: error: {message}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:  # Ctrl-C, or a signal that stops at once (_signals)
         return _interrupted(args.command, exc)

@@ -8,9 +8,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import difflib
 import math
 import os
-from typing import Iterator, NamedTuple
+import re
+import shlex
+import sys
+from typing import Any, Iterator, NamedTuple
 
 import peewee as pw
 
@@ -32,9 +36,81 @@ class UsageError(ValueError):
     """Flags that do not fit together (exit status 2, like argparse's own errors)."""
 
 
+class SuggestingParser(argparse.ArgumentParser):
+    """An ArgumentParser that keeps the arguments it was given (``given``), so that a usage
+    error can name the flag or choice closest to a mistyped one (:func:`suggestion`): Python
+    3.14's ``suggest_on_error`` covers choices only, and 3.11-3.13 have nothing of the kind."""
+
+    given: list[str] | None = None
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        given = args[0] if args else kwargs.get("args")
+        self.given = list(sys.argv[1:] if given is None else given)
+        return super().parse_known_args(*args, **kwargs)
+
+
+_NUMBER = re.compile(r"-\.?\d")
+_CHOICE = re.compile(r"invalid choice: '([^']*)'")
+
+
+def _chosen(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and the subcommands' parsers its arguments went on to, in order."""
+    path = [parser]
+    while True:
+        commands = [a for a in path[-1]._actions if a.nargs == argparse.PARSER]
+        given = getattr(path[-1], "given", None) or []
+        if not commands or not isinstance(commands[0].choices, dict):
+            return path
+        name = next((word for word in given if word in commands[0].choices), None)
+        if name is None or getattr(commands[0].choices[name], "given", None) is None:
+            return path
+        path.append(commands[0].choices[name])
+
+
+def suggestion(parser: argparse.ArgumentParser,
+               message: str) -> tuple[argparse.ArgumentParser, str]:
+    """For argparse's error ``message`` raised by ``parser``: the parser of the subcommand the
+    arguments went on to (whose flags an unrecognized argument was meant for), and "; did
+    you mean X?" naming the flag or choice closest to one the user mistyped ("" if none is
+    close)."""
+    path = _chosen(parser)
+    close: list[str] = []
+    choice = _CHOICE.search(message)
+    if "maybe you meant" in message:  # argparse's own suggestion (3.14's suggest_on_error)
+        pass
+    elif choice:
+        choices = [str(c) for p in path for a in p._actions if a.choices for c in a.choices]
+        close = difflib.get_close_matches(choice[1], choices, n=1)
+    else:
+        flags = [flag for p in path for a in p._actions for flag in a.option_strings]
+        for word in getattr(parser, "given", None) or []:
+            name = word.split("=", 1)[0]
+            if (name.startswith("-") and name not in ("-", "--") and not _NUMBER.match(name)
+                    and not any(flag.startswith(name) for flag in flags)):
+                close = difflib.get_close_matches(name, flags, n=1)
+                if close:
+                    if name not in message:  # "required: --older-than" after --older-then
+                        close[0] += f" where you typed {name}"
+                    break
+    return path[-1], f"; did you mean {close[0]}?" if close else ""
+
+
 def database_url(args: argparse.Namespace) -> DatabaseUrl:
     raw = args.database_url or os.environ.get("OUTBOX_DATABASE_URL") or DEFAULT_URL
     return DatabaseUrl.parse(raw)
+
+
+_MIGRATE = "outbox-lite migrate"
+
+
+def naming_the_database(message: str, args: argparse.Namespace,
+                        url: DatabaseUrl | None) -> str:
+    """``message`` with each "outbox-lite migrate" it advises naming the database the user
+    gave with --database-url (its password masked): the bare command would migrate
+    $OUTBOX_DATABASE_URL's database, or the default one, instead."""
+    if url is None or not getattr(args, "database_url", None):
+        return message
+    return message.replace(_MIGRATE, f"{_MIGRATE} --database-url {shlex.quote(str(url))}")
 
 
 class Age(NamedTuple):
