@@ -205,6 +205,16 @@ class PostgreSQLFamily(Family):
         return sqlstate_of(exc) == UNDEFINED_TABLE
 
     @staticmethod
+    def missing_database(exc: BaseException) -> bool:
+        """The database does not exist: 3D000 when the server says it with a SQLSTATE; at
+        connect the drivers give none, only libpq's text."""
+        if driver_error(exc) is None:
+            return False
+        return (sqlstate_of(exc) == INVALID_CATALOG_NAME
+                or re.search(r'database "[^"]*" does not exist', _first_line(exc).lower())
+                is not None)
+
+    @staticmethod
     def denied(exc: BaseException) -> bool:
         return sqlstate_of(exc) == INSUFFICIENT_PRIVILEGE
 
@@ -224,8 +234,7 @@ class PostgreSQLFamily(Family):
                 or "password authentication failed" in lower
                 or re.search(r'role "[^"]*" does not exist', lower)):
             return f"access denied for user {url.user} (check the user and password)"
-        if state == INVALID_CATALOG_NAME or re.search(r'database "[^"]*" does not exist',
-                                                      lower):
+        if self.missing_database(exc):
             return f"database {url.name} does not exist (run: outbox-lite migrate)"
         if state == INSUFFICIENT_PRIVILEGE:
             denied = _DENIED_RE.search(text)
