@@ -417,7 +417,8 @@ def test_a_wrong_password_or_missing_database_is_one_line_without_the_password(c
                                                    "postgresql://postgres:pa55w0rd")]) == 1
     err = capsys.readouterr().err
     assert err == (f"outbox-lite stats: error: database {missing.name} does not exist (run:"
-                   " outbox-lite migrate)\n")
+                   " outbox-lite migrate --database-url"
+                   f" 'postgresql://postgres:***@{missing.host}:{missing.port}/{missing.name}')\n")
     refused = "postgresql://postgres:pa55w0rd@127.0.0.1:1/x"
     assert cli_main(["stats", "--database-url", refused]) == 1
     err = capsys.readouterr().err
