@@ -646,10 +646,10 @@ MAX_HEADER_NAME_LENGTH = 128
 _HEADER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 #: Names the publishers give meanings of their own (compared without case): outbox_lite's own
 #: message headers, the NATS server's (``Nats-Msg-Id``, ``Nats-Expected-Stream`` …), the
-#: CloudEvents attributes of both bindings, and RabbitMQ's sender-selected distribution
-#: (``CC``/``BCC`` route a message to more queues).
+#: CloudEvents attributes of both bindings (and the NATS binding's ``content-type``), and
+#: RabbitMQ's sender-selected distribution (``CC``/``BCC`` route a message to more queues).
 _RESERVED_PREFIXES = ("outbox-", "nats-", "ce-", "ce_", "cloudevents:", "cloudevents_")
-_RESERVED_NAMES = frozenset({"cc", "bcc"})
+_RESERVED_NAMES = frozenset({"cc", "bcc", "content-type"})
 #: Control characters break NATS and HTTP-style headers (a CR/LF ends one).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -659,8 +659,8 @@ def check_headers(headers: Any, *, allowed_keys: Collection[str] = ()) -> dict[s
 
     At most :data:`MAX_HEADERS` entries and :data:`MAX_HEADERS_BYTES` of UTF-8 names and
     values in all; names of 1-128 letters, digits and ``-_.:``, none reserved by a publisher
-    (``outbox-*``, ``nats-*``, ``ce-*``, ``cloudEvents_*``, ``cc``, ``bcc``); values without
-    control characters or white space at either end (NATS trims it). A credential is a
+    (``outbox-*``, ``nats-*``, ``ce-*``, ``cloudEvents_*``, ``content-type``, ``cc``, ``bcc``);
+    values without control characters or white space at either end (NATS trims it). A credential is a
     :class:`~outbox_lite.errors.CredentialInHeaderError` (a CredentialInPayloadError) that
     names the header, never its value: a name that names one (``Authorization``,
     ``Cookie``, ``X-Api-Key``; unless in ``allowed_keys``) or a value shaped like one.
@@ -685,7 +685,8 @@ def check_headers(headers: Any, *, allowed_keys: Collection[str] = ()) -> dict[s
         lowered = name.lower()
         if lowered in _RESERVED_NAMES or lowered.startswith(_RESERVED_PREFIXES):
             raise PayloadError(f"header name {name!r} is reserved (outbox-*, nats-*, ce-*, "
-                               "cloudEvents_*, cc and bcc mean something to the publishers)")
+                               "cloudEvents_*, content-type, cc and bcc mean something to "
+                               "the publishers)")
         if not isinstance(value, str):
             raise PayloadError(f"header {name!r} must be a str, not {type(value).__name__}")
         if _key_kind(name) & _STRINGS and _normalise_key(name) not in allowed:
