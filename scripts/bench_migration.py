@@ -133,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             url.drop_database()
     print(f"migration 006 on {args.rows:,} rows, a writer inserting throughout")
-    print(f"{'server':<40} {'fill s':>7} {'median':>7} {'006 s':>7} {'max ms':>7} {'writes':>6}"
+    print(f"{'server':<40} {'fill s':>7} {'med ms':>7} {'006 s':>7} {'max ms':>7} {'writes':>6}"
           f" {'undo s':>7} {'max ms':>7} {'writes':>6}")
     for text, r in out:
-        print(f"{text:<40} {r['fill_s']:>7.1f} {r['writer_median_ms']:>6.2f}m"
+        print(f"{text:<40} {r['fill_s']:>7.1f} {r['writer_median_ms']:>7.2f}"
               f" {r['migrate_s']:>7.3f} {r['migrate_writer_max_ms']:>7.1f}"
               f" {r['migrate_writes']:>6} {r['rollback_s']:>7.3f}"
               f" {r['rollback_writer_max_ms']:>7.1f} {r['rollback_writes']:>6}")
