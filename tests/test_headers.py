@@ -18,7 +18,7 @@ from outbox_lite.publishers.bullmq import BullMQPublisher, job_headers
 from outbox_lite.publishers.nats import NATSPublisher
 from outbox_lite.publishers.rabbitmq import RabbitMQPublisher
 
-from _brokers import SHARED_NATS, SHARED_RABBITMQ, amqp_channel
+from _brokers import SHARED_NATS, SHARED_RABBITMQ, basic_get
 from _redis import SHARED_REDIS
 
 HEADERS = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
@@ -153,17 +153,13 @@ def test_rabbitmq_sends_every_header(repo, exchange):
     events = _claim(repo)
     with RabbitMQPublisher(SHARED_RABBITMQ, exchange.name) as publisher:
         assert publisher.publish(events) == {}
-    connection, channel = amqp_channel()
-    try:
-        got = [channel.basic_get(exchange.queue, auto_ack=True) for _ in events]
-    finally:
-        connection.close()
-    for event, (_, props, _) in zip(events, got):
+    got = basic_get(exchange, len(events))
+    for event, (props, _) in zip(events, got):
         headers = {k: v.decode() if isinstance(v, bytes) else v for k, v in props.headers.items()}
         assert headers == {**event.headers, "outbox-event-id": event.id,
                            "outbox-aggregate-type": "order",
                            "outbox-aggregate-id": event.aggregate_id}
-    assert got[0][1].headers["Tenant"] == HEADERS["Tenant"]
+    assert got[0][0].headers["Tenant"] == HEADERS["Tenant"]
 
 
 def test_nats_sends_every_header(repo, stream):
