@@ -8,6 +8,10 @@ claims (``extend_locks``) if the publish runs long, then record the outcomes: on
 claimed: wait, with a pause that doubles from ``idle_pause`` up to ``max_idle_pause``. A
 publish that raised (the broker is down): wait until the publisher answers ``ping()`` before
 claiming again, so an outage does not spend every event's attempts.
+An event past its ``expires_at`` is never handed to the publisher: it becomes a dead letter
+``expired`` (:class:`EventExpiredError`). With the ``[otel]`` extra each publish is traced
+(:mod:`outbox_lite.tracing`): a span per batch linked to each event's creating context, and the
+messages carry the trace on to their consumers.
 
 Lock conflicts and lost connections never end :meth:`Relay.run`: the round is retried, after
 :func:`outbox_lite.reconnect` with a bounded backoff when the connection broke (so also for a

@@ -123,40 +123,45 @@ class PublishTracer:
         self._trace, self._propagator = api
         self._tracer = self._trace.get_tracer(_INSTRUMENTATION, __version__, tracer_provider)
         self.system, self.destination = publisher_target(publisher)
+        self._common = {"messaging.system": self.system,
+                        "messaging.destination.name": self.destination}
 
     @contextlib.contextmanager
     def publish(self, events: Sequence[Any]) -> Iterator[_Batch]:
         """Spans around one batch's publish: yields a :class:`_Batch` whose ``events`` are
         copies of ``events`` carrying their create span's context; give its ``finish`` the
-        publisher's failures (a publish that raises ends every span with that error)."""
+        publisher's failures (a publish that raises ends every span with that error). When
+        the batch span does not record (no SDK, or not sampled), nothing more is done: the
+        events go as they are, with the context their service stored."""
         trace = self._trace
-        creating = [self._creating_context(event) for event in events]
-        links = [trace.Link(context, {"outbox.event_id": event.id})
-                 for event, context in zip(events, creating) if context is not None]
-        attributes = {"messaging.system": self.system,
-                      "messaging.operation.type": "send",
-                      "messaging.operation.name": "publish",
-                      "messaging.destination.name": self.destination,
-                      "messaging.batch.message_count": len(events)}
         batch_span = self._tracer.start_span(
-            f"publish {self.destination}", kind=trace.SpanKind.CLIENT, links=links,
-            attributes=attributes, record_exception=False, set_status_on_exception=False)
-        batch_link = [trace.Link(batch_span.get_span_context())]
+            f"publish {self.destination}", kind=trace.SpanKind.CLIENT,
+            attributes={**self._common, "messaging.operation.type": "send",
+                        "messaging.operation.name": "publish",
+                        "messaging.batch.message_count": len(events)},
+            record_exception=False, set_status_on_exception=False)
         batch = _Batch(trace, batch_span)
+        if not batch_span.is_recording():
+            batch.events = list(events)
+            try:
+                yield batch
+            finally:
+                batch_span.end()
+            return
+        batch_link = [trace.Link(batch_span.get_span_context())]
         try:
-            for event, context in zip(events, creating):
+            for event in events:
+                creating = self._creating_context(event)
+                if creating is not None:
+                    batch_span.add_link(creating, {"outbox.event_id": event.id})
                 parent = trace.set_span_in_context(
-                    trace.NonRecordingSpan(context) if context is not None else batch_span)
+                    trace.NonRecordingSpan(creating) if creating is not None else batch_span)
                 span = self._tracer.start_span(
                     f"create {self.destination}", context=parent,
                     kind=trace.SpanKind.PRODUCER, links=batch_link, attributes={
-                        "messaging.system": self.system,
-                        "messaging.operation.type": "create",
-                        "messaging.operation.name": "create",
-                        "messaging.destination.name": self.destination,
+                        **self._common, "messaging.operation.type": "create",
                         "messaging.message.id": _message_id(event),
-                        "outbox.event_id": event.id,
-                        "outbox.event_type": event.event_type},
+                        "outbox.event_id": event.id},
                     record_exception=False, set_status_on_exception=False)
                 batch.add(event, span, self._outgoing(event, span))
             yield batch
@@ -167,7 +172,8 @@ class PublishTracer:
             batch.end()
 
     def _creating_context(self, event: Any) -> Any:
-        """The span context stored with ``event`` at its write, or None."""
+        """The span context stored with ``event`` at its write, or None (the W3C
+        propagator's reading of its ``traceparent`` and ``tracestate``)."""
         headers = event.headers
         if not headers or TRACEPARENT not in headers:
             return None

@@ -231,13 +231,17 @@ def test_a_publish_that_raises_ends_every_span_with_its_error(repo, spans):
     assert {s.attributes["error.type"] for s in finished} == {"ConnectionError"}
 
 
-def test_tracing_off_sends_the_stored_context(repo, spans):
+@pytest.mark.parametrize("how", ["tracing off", "API without an SDK"])
+def test_without_recorded_spans_the_stored_context_travels(repo, spans, how):
     provider, exporter = spans
     with provider.get_tracer("service").start_as_current_span("POST /orders") as span:
         event = _create(repo, 0)
     exporter.clear()
     keeper = Keeper()
-    relay = Relay(repo, keeper, progress_every=0, tracing=False, tracer_provider=provider)
+    options = ({"tracing": False, "tracer_provider": provider} if how == "tracing off" else
+               {"tracer_provider": trace.NoOpTracerProvider()})
+    relay = Relay(repo, keeper, progress_every=0, **options)
+    assert (relay.tracer is None) == (how == "tracing off")
     relay.run_once()
     assert keeper.headers == {event.id: {"traceparent": _traceparent(span)}}
     assert exporter.get_finished_spans() == ()
