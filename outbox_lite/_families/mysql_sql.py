@@ -81,7 +81,7 @@ DEDUPE_KEY_TAKEN = Statement(
 _COLUMNS = ("`id`, `event_type`, `aggregate_type`, `aggregate_id`, `dedupe_key`, `payload`,"
             " `status`, `attempt_count`, `available_at`, `locked_at`, `locked_by`,"
             " `published_at`, `last_error_code`, `last_error_message`, `created_at`,"
-            " `updated_at`")
+            " `updated_at`, `headers`, `expires_at`")
 
 FIND_DISPATCHABLE = Statement(
     f"SELECT {_COLUMNS} FROM outbox_event FORCE INDEX (ix_outbox_event_status_available_at)"
