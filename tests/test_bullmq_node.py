@@ -6,6 +6,7 @@ there, which this test runs once when they are missing)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import subprocess
@@ -25,12 +26,19 @@ from _redis import SHARED_REDIS
 NODE = Path(__file__).resolve().parent / "node"
 
 
+def _node_modules() -> None:
+    """``npm ci`` in tests/node once, however many test runs start together (CI runs two)."""
+    with open(NODE / ".npm-ci.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (NODE / "node_modules" / ".package-lock.json").is_file():
+            npm = shutil.which("npm")
+            assert npm, "npm is needed (Node 20+): the test runs the README's Node worker"
+            subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE, check=True,
+                           capture_output=True, timeout=600)
+
+
 def _node_worker(queue: str, count: int) -> dict:
-    if not (NODE / "node_modules" / "bullmq-otel").is_dir():
-        npm = shutil.which("npm")
-        assert npm, "npm is needed (Node 20+): the test runs the README's Node worker"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE, check=True,
-                       capture_output=True, timeout=600)
+    _node_modules()
     ran = subprocess.run(["node", "bullmq_worker.js", queue, SHARED_REDIS, str(count)],
                          cwd=NODE, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr + ran.stdout
