@@ -15,7 +15,7 @@ from outbox_lite.publishers.rabbitmq import RabbitMQPublisher
 from outbox_lite.relay import Relay
 
 from _brokers import SHARED_RABBITMQ, drain_queue
-from conftest import T0, new_event
+from _helpers import T0, new_event
 
 
 class Broker:

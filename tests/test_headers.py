@@ -214,7 +214,9 @@ async def _python_worker(queue: str, expected: int) -> dict[str, dict[str, str]]
 
 def test_the_families_read_every_column_of_the_model():
     """The claims' SELECTs read the model's columns in its order (the new two among them)."""
-    from outbox_lite._families import mysql_sql
+    from outbox_lite._families import mysql_sql, postgresql_sql
     from outbox_lite.models import COLUMNS
 
-    assert [c.strip(" `") for c in mysql_sql._COLUMNS.split(",")] == list(COLUMNS)
+    for sql in (mysql_sql, postgresql_sql):
+        assert [c.strip(" `").removesuffix("::text") for c in sql._COLUMNS.split(",")] == list(
+            COLUMNS), sql.__name__
