@@ -100,7 +100,10 @@ def _problem(database: pw.Database, table: str,
             if not found:  # a table the user sees no column of: nothing to compare
                 return None
             wrong.append(f"column {name} is missing")
-            repairs.append(f"ADD COLUMN {name} {needed.definition}")
+            if needed.migrated:
+                migrate = True
+            else:
+                repairs.append(f"ADD COLUMN {name} {needed.definition}")
             continue
         kind, collation = found[name]
         if needed.kind == instant and kind != instant:

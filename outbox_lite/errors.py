@@ -36,6 +36,18 @@ class CredentialInPayloadError(PayloadError):
         )
 
 
+class CredentialInHeaderError(CredentialInPayloadError):
+    """An event header carries a credential: ``header`` names it (the value is never shown)."""
+
+    def __init__(self, header: str, reason: str) -> None:
+        self.header = header
+        self.path = f"headers[{header!r}]"
+        self.reason = reason
+        PayloadError.__init__(
+            self, f"header {header!r} carries a credential ({reason}); "
+            "send a reference to the secret, not the secret itself")
+
+
 class DuplicateEventError(OutboxError):
     """An event with ``dedupe_key`` exists already; the caller's transaction is still usable."""
 

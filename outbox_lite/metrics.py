@@ -8,7 +8,7 @@ families:
 
 ==========================================  =========  ==========================================
 ``outbox_relay_events_total{outcome}``      counter    ``published``, ``retried``, ``dead``,
-                                                       ``lost``
+                                                       ``lost``, ``expired``
 ``outbox_relay_released_total``             counter    expired claims the relays released
 ``outbox_relay_publish_errors_total``       counter    batches whose publish raised
 ``outbox_relay_rounds_total``               counter    rounds run
@@ -20,7 +20,7 @@ families:
 ``outbox_held_back_events``                 gauge      from ``stats()``
 ==========================================  =========  ==========================================
 
-The only labels are ``outcome`` and ``status``, each of four fixed values: never an aggregate,
+The only labels are ``outcome`` and ``status``, each of a few fixed values: never an aggregate,
 a payload, an error message or a worker id. The families come from one snapshot taken under
 one lock, so within a scrape the lag histogram's count is ``events_total{outcome="published"}``.
 The gauges are absent until the first ``stats()`` has been read.
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-OUTCOMES = ("published", "retried", "dead", "lost")
+OUTCOMES = ("published", "retried", "dead", "lost", "expired")
 #: Seconds: a publish to a broker on the same network takes milliseconds; a slow one seconds.
 PUBLISH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0, 60.0)

@@ -82,6 +82,17 @@ class JSONTextField(pw.Field):
         return json.loads(value) if isinstance(value, str) else value
 
 
+class HeadersField(JSONTextField):
+    """The event's headers (SPEC §11): a JSON object of str to str, NULL when there are none;
+    reads back as a dict (``{}`` for NULL)."""
+
+    def db_value(self, value: Any) -> Any:
+        return super().db_value(value or None)
+
+    def python_value(self, value: Any) -> Any:
+        return super().python_value(value) or {}
+
+
 class OutboxEvent(pw.Model):
     """One outbox event. Instances come from an :class:`~outbox_lite.OutboxRepository`."""
 
@@ -101,6 +112,9 @@ class OutboxEvent(pw.Model):
     last_error_message = pw.TextField(null=True)
     created_at = UTCDateTimeField()
     updated_at = UTCDateTimeField()
+    #: Added by migration 006 (SPEC §11), at the end of the table.
+    headers = HeadersField(null=True)
+    expires_at = UTCDateTimeField(null=True)
 
     class Meta:
         table_name = TABLE_NAME

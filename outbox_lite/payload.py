@@ -14,9 +14,10 @@ import functools
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any, Callable, Collection, Iterator, NamedTuple
 
-from .errors import CredentialInPayloadError, PayloadError
+from .errors import CredentialInHeaderError, CredentialInPayloadError, PayloadError
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 #: MariaDB's JSON_VALID refuses documents nested 32 levels deep or more (MySQL allows 100).
@@ -632,3 +633,88 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     if size > max_bytes:
         raise PayloadError(f"payload is {size} bytes of JSON; the limit is {max_bytes}")
     return text
+
+
+# ---------------------------------------------------------------------------
+# Headers (SPEC §11)
+# ---------------------------------------------------------------------------
+
+MAX_HEADERS = 64
+#: Names and values together, UTF-8.
+MAX_HEADERS_BYTES = 8 * 1024
+MAX_HEADER_NAME_LENGTH = 128
+_HEADER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+#: Names the publishers give meanings of their own (compared without case): outbox_lite's own
+#: message headers, the NATS server's (``Nats-Msg-Id``, ``Nats-Expected-Stream`` …), the
+#: CloudEvents attributes of both bindings (and the NATS binding's ``content-type``), and
+#: RabbitMQ's sender-selected distribution (``CC``/``BCC`` route a message to more queues).
+_RESERVED_PREFIXES = ("outbox-", "nats-", "ce-", "ce_", "cloudevents:", "cloudevents_")
+_RESERVED_NAMES = frozenset({"cc", "bcc", "content-type"})
+#: Control characters break NATS and HTTP-style headers (a CR/LF ends one).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def check_headers(headers: Any, *, allowed_keys: Collection[str] = ()) -> dict[str, str]:
+    """Return ``headers`` as a plain dict of str to str, or raise before any SQL.
+
+    At most :data:`MAX_HEADERS` entries and :data:`MAX_HEADERS_BYTES` of UTF-8 names and
+    values in all; names of 1-128 letters, digits and ``-_.:``, none reserved by a publisher
+    (``outbox-*``, ``nats-*``, ``ce-*``, ``cloudEvents_*``, ``content-type``, ``cc``, ``bcc``);
+    values without control characters or white space at either end (NATS trims it). A credential is a
+    :class:`~outbox_lite.errors.CredentialInHeaderError` (a CredentialInPayloadError) that
+    names the header, never its value: a name that names one (``Authorization``,
+    ``Cookie``, ``X-Api-Key``; unless in ``allowed_keys``) or a value shaped like one.
+    """
+    if not isinstance(headers, Mapping):
+        raise PayloadError(f"headers must be a mapping of str to str, not "
+                           f"{type(headers).__name__}")
+    if len(headers) > MAX_HEADERS:
+        raise PayloadError(f"headers has {len(headers)} entries; the limit is {MAX_HEADERS}")
+    allowed = frozenset(map(_normalise_key, allowed_keys)) if allowed_keys else frozenset()
+    checked: dict[str, str] = {}
+    size = 0
+    for name, value in headers.items():
+        if not isinstance(name, str):
+            raise PayloadError(f"header names must be str, not {type(name).__name__}")
+        if _credential_in_text(name):  # the name is the secret: it must not be shown
+            raise CredentialInHeaderError("<redacted>", "a header name shaped like a credential")
+        if not _HEADER_NAME.fullmatch(name):
+            raise PayloadError(
+                f"header name {name[:MAX_HEADER_NAME_LENGTH]!r} must be 1-"
+                f"{MAX_HEADER_NAME_LENGTH} letters, digits and -_.:")
+        lowered = name.lower()
+        if lowered in _RESERVED_NAMES or lowered.startswith(_RESERVED_PREFIXES):
+            raise PayloadError(f"header name {name!r} is reserved (outbox-*, nats-*, ce-*, "
+                               "cloudEvents_*, content-type, cc and bcc mean something to "
+                               "the publishers)")
+        if not isinstance(value, str):
+            raise PayloadError(f"header {name!r} must be a str, not {type(value).__name__}")
+        if _key_kind(name) & _STRINGS and _normalise_key(name) not in allowed:
+            raise CredentialInHeaderError(name, "sensitive header name")
+        if _CONTROL.search(value):
+            raise PayloadError(f"header {name!r} has a control character")
+        if value != value.strip(" \t"):
+            raise PayloadError(f"header {name!r} starts or ends with white space")
+        reason = _credential_in_text(value)
+        if reason:
+            raise CredentialInHeaderError(name, reason)
+        try:
+            size += len(name) + len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise PayloadError(f"header {name!r} is not valid Unicode (a lone "
+                               "surrogate)") from None
+        checked[name] = value
+    if size > MAX_HEADERS_BYTES:
+        raise PayloadError(f"headers are {size} bytes of names and values; the limit is "
+                           f"{MAX_HEADERS_BYTES}")
+    return checked
+
+
+def headers_size(headers: dict[str, str]) -> int:
+    """Bytes of names and values (UTF-8), as :func:`check_headers` counts them."""
+    return sum(len(name) + len(value.encode("utf-8")) for name, value in headers.items())
+
+
+def encode_headers(headers: dict[str, str]) -> str | None:
+    """Checked headers as the JSON text stored in column ``headers`` (None when empty)."""
+    return _ENCODER.encode(headers) if headers else None

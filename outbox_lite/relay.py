@@ -8,6 +8,10 @@ claims (``extend_locks``) if the publish runs long, then record the outcomes: on
 claimed: wait, with a pause that doubles from ``idle_pause`` up to ``max_idle_pause``. A
 publish that raised (the broker is down): wait until the publisher answers ``ping()`` before
 claiming again, so an outage does not spend every event's attempts.
+An event past its ``expires_at`` is never handed to the publisher: it becomes a dead letter
+``expired`` (:class:`EventExpiredError`). With the ``[otel]`` extra each publish is traced
+(:mod:`outbox_lite.tracing`): a span per batch linked to each event's creating context, and the
+messages carry the trace on to their consumers.
 
 Lock conflicts and lost connections never end :meth:`Relay.run`: the round is retried, after
 :func:`outbox_lite.reconnect` with a bounded backoff when the connection broke (so also for a
@@ -34,13 +38,13 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Protocol, Sequence
 
-from . import _checks, wake as _wake
+from . import _checks, tracing as _tracing, wake as _wake
 from ._families import family_of
 from ._clock import ServerClock
 from ._db import CONNECTION_ERRORS, _drop, execute, is_connection_error, reconnect
 from ._session import claim_transaction
 from ._signals import interruption
-from .errors import InvalidEventError, LockConflictError
+from .errors import InvalidEventError, LockConflictError, OutboxError
 from .models import MAX_ERROR_CODE_LENGTH, OutboxEvent
 from .payload import redact
 from .repository import OutboxRepository, OutboxStats
@@ -107,6 +111,7 @@ class RoundResult:
     lost: int = 0  # claims that expired and were taken over before the outcome was recorded
     released: int = 0  # expired claims (of any worker) this round released
     publish_errors: int = 0  # 1 when the publisher raised: the whole batch failed
+    expired: int = 0  # past their expires_at: dead letters, never published
 
     def add(self, other: RoundResult) -> None:
         _accumulate(self, other)
@@ -124,6 +129,7 @@ class RelayStats:
     lost: int = 0
     released: int = 0
     publish_errors: int = 0
+    expired: int = 0
     lock_conflicts: int = 0
     reconnects: int = 0
     renewals: int = 0
@@ -162,6 +168,19 @@ class _Outcomes:
 
     def __len__(self) -> int:
         return len(self.ok) + len(self.failed)
+
+
+class EventExpiredError(OutboxError):
+    """An event's ``expires_at`` had passed when its turn to be published came: it is never
+    published, and becomes a dead letter with ``last_error_code`` ``expired`` (SPEC §11)."""
+
+    error_code = "expired"
+    retryable = False
+
+    def __init__(self, expires_at: dt.datetime) -> None:
+        self.expires_at = expires_at
+        super().__init__(f"expired at {expires_at:%Y-%m-%d %H:%M:%S.%f} UTC, before its"
+                         " publish: never published")
 
 
 def is_publisher(obj: object) -> bool:
@@ -215,6 +234,10 @@ class Relay:
     * ``metrics``: a :class:`RelayObserver` told what happens (e.g.
       :class:`outbox_lite.metrics.RelayMetrics`); the relay also reads ``repository.stats()``
       for it every ``metrics.stats_every`` seconds while it runs;
+    * ``tracing``: OpenTelemetry spans of each batch's publish, with the trace context of each
+      event's write carried on to its consumer (:mod:`outbox_lite.tracing`); None (the
+      default) when the ``[otel]`` extra is installed, from ``tracer_provider`` (None: the
+      global one);
     * ``stuck_after``: seconds without progress of :meth:`run`'s loop after which it counts
       as stuck (:meth:`progress_age`): a call into the database or the publisher that does
       not return. Progress is a finished round, a reconnect attempt or a ping of the
@@ -244,6 +267,8 @@ class Relay:
         metrics: RelayObserver | None = None,
         stuck_after: float | None = None,
         wake: str | None = None,
+        tracing: bool | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         if not isinstance(repository, OutboxRepository):
             raise TypeError("repository must be an OutboxRepository")
@@ -280,6 +305,11 @@ class Relay:
             raise TypeError("metrics must be a RelayObserver (e.g. outbox_lite.metrics."
                             "RelayMetrics)")
         self.metrics = metrics
+        if tracing is None:
+            tracing = _tracing.available()
+        #: The spans of each publish (None: not traced).
+        self.tracer = (_tracing.PublishTracer(publisher, tracer_provider)
+                       if _checks.flag("tracing", tracing) else None)
         self.stats = RelayStats()
         self._database = repository.database
         self._family = family_of(self._database)
@@ -477,9 +507,10 @@ class Relay:
         s = self.stats
         elapsed = max(time.monotonic() - s.started, 1e-9)
         logger.info("relay %s: %d published, %d retried, %d dead, %d lost, %d released,"
-                    " %d publish errors in %d rounds (%.0f events/s; seconds in claim %.2f,"
-                    " publish %.2f, record %.2f, idle %.2f)", self.worker_id, s.published,
-                    s.retried, s.dead, s.lost, s.released, s.publish_errors, s.rounds,
+                    " %d publish errors in %d rounds (%d expired; %.0f events/s; seconds in"
+                    " claim %.2f, publish %.2f, record %.2f, idle %.2f)", self.worker_id,
+                    s.published, s.retried, s.dead, s.lost, s.released, s.publish_errors,
+                    s.rounds, s.expired,
                     s.published / elapsed, s.claim_seconds, s.publish_seconds,
                     s.record_seconds, s.idle_seconds)
 
@@ -488,25 +519,45 @@ class Relay:
     def _publish(self, batch: list[OutboxEvent],
                  result: RoundResult) -> tuple[dict[int, BaseException], float]:
         """The publisher's failures by event id (a raising publish fails the whole batch),
-        and the seconds the publish took."""
+        and the seconds the publish took. An event past its ``expires_at`` (by the
+        repository's clock, as last read: no statement here) is not handed to the publisher:
+        its failure is an :class:`EventExpiredError`."""
+        expired: dict[int, BaseException] = {}
+        if any(event.expires_at is not None for event in batch):
+            now = self._recorded_at()
+            expired = {event.id: EventExpiredError(event.expires_at) for event in batch
+                       if event.expires_at is not None and event.expires_at <= now}
+            batch = [event for event in batch if event.id not in expired]
+            if not batch:
+                return expired, 0.0
         self._heartbeat.hold([e.id for e in batch])
         started = time.monotonic()
         try:
-            failures = dict(self.publisher.publish(batch))
+            failures = {**self._publish_traced(batch), **expired}
         except Exception as exc:  # noqa: BLE001 - the whole batch failed: recorded as such
             logger.warning("relay %s: publishing %d events failed: %s", self.worker_id,
                            len(batch), _error_message(exc))
             result.publish_errors = 1
-            return {event.id: exc for event in batch}, time.monotonic() - started
+            return {**{event.id: exc for event in batch}, **expired}, time.monotonic() - started
         finally:
             self._heartbeat.release()
         seconds = time.monotonic() - started
-        ids = {event.id for event in batch}
+        ids = {event.id for event in batch} | expired.keys()
         unknown = failures.keys() - ids
         if unknown:
             logger.warning("relay %s: the publisher reported %d failures for events not in"
                            " the batch; ignored", self.worker_id, len(unknown))
         return {event_id: exc for event_id, exc in failures.items() if event_id in ids}, seconds
+
+    def _publish_traced(self, batch: list[OutboxEvent]) -> dict[int, BaseException]:
+        """``publisher.publish(batch)``, inside the batch's spans when tracing: the publisher
+        then gets copies of the events whose headers carry their messages' trace context."""
+        if self.tracer is None:
+            return dict(self.publisher.publish(batch))
+        with self.tracer.publish(batch) as spans:
+            failures = dict(self.publisher.publish(spans.events))
+            spans.finish(failures)
+        return failures
 
     def _record(self, outcomes: _Outcomes | None, result: RoundResult | None) -> None:
         """Record ``outcomes`` on their own (autocommit), retrying over lost connections
@@ -579,7 +630,9 @@ class Relay:
             retry = getattr(exc, "retryable", True) is not False
             if self.repository.mark_failed(event.id, self.worker_id, _error_code(exc),
                                            _error_message(exc), retryable=retry):
-                if retry and event.attempt_count < self.repository.max_attempts:
+                if isinstance(exc, EventExpiredError):
+                    counts.expired += 1
+                elif retry and event.attempt_count < self.repository.max_attempts:
                     counts.retried += 1
                 else:
                     counts.dead += 1
@@ -633,6 +686,8 @@ class Relay:
                     "pending", "failed"):
                 if status == "pending":
                     counts.retried += 1
+                elif isinstance(exc, EventExpiredError):
+                    counts.expired += 1
                 else:
                     counts.dead += 1
             else:

@@ -16,11 +16,11 @@ import logging
 import operator
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 import peewee as pw
 
-from . import _checks, _schema, _session, wake as _wake
+from . import _checks, _schema, _session, tracing as _tracing, wake as _wake
 from ._clock import server_clock
 from ._db import execute
 from ._families import Statement, family_of
@@ -40,7 +40,8 @@ from .models import (
     UTCDateTimeField,
     bind_model,
 )
-from .payload import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload, redact
+from .payload import (DEFAULT_MAX_PAYLOAD_BYTES, check_headers, encode_headers, encode_payload,
+                      redact)
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,15 @@ def _decode_payload(text: Any) -> Any:
         raise _Unreadable("payload_not_json", (
             f"the stored payload is not JSON ({exc}); correct it and requeue this event, or "
             "delete it")) from None
+
+
+def _decode_headers(text: Any) -> dict[str, str]:
+    """Stored headers as a dict ({} for NULL)."""
+    if text is None:
+        return {}
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8")
+    return json.loads(text) if isinstance(text, str) else dict(text)
 
 
 class OutboxRepository:
@@ -205,6 +215,7 @@ class OutboxRepository:
             if value is not None and value.tzinfo is None:
                 data[name] = value.replace(tzinfo=_UTC)
         data["payload"] = _decode_payload(data["payload"])
+        data["headers"] = _decode_headers(data["headers"])
         return self._instance(data)
 
     def _instance(self, data: dict[str, Any]) -> OutboxEvent:
@@ -248,6 +259,8 @@ class OutboxRepository:
         payload: Any,
         dedupe_key: str | None = None,
         available_at: dt.datetime | None = None,
+        headers: Mapping[str, str] | None = None,
+        expires_at: dt.datetime | None = None,
     ) -> OutboxEvent:
         """Insert a ``pending`` event in the caller's open transaction and return it.
 
@@ -268,6 +281,14 @@ class OutboxRepository:
         keeps the text as written, MySQL keeps the value in text of its own (keys sorted, its
         own spacing). Integers beyond 64 bits, which MySQL would turn into floats, are
         refused on both (PayloadError).
+
+        ``headers`` (SPEC §11): str to str, at most 64 entries and 8 KiB, checked by
+        :func:`outbox_lite.payload.check_headers` (a credential is a CredentialInPayloadError
+        naming the header); with the ``[otel]`` extra and a span current, its
+        ``traceparent`` and ``tracestate`` are added unless given
+        (:func:`outbox_lite.tracing.capture`). The event's ``headers`` read back as a dict.
+        ``expires_at``: an aware datetime past which the relay never publishes the event
+        (it becomes a dead letter, ``last_error_code`` ``expired``); None: never.
         """
         self._require_transaction("create_in_transaction")
         event_type = _checks.name("event_type", event_type)
@@ -282,11 +303,16 @@ class OutboxRepository:
                               allowed_keys=self.allowed_payload_keys)
         given_at = None if available_at is None else _checks.instant("available_at",
                                                                       available_at)
+        event_headers = _tracing.capture(
+            {} if headers is None else check_headers(headers,
+                                                      allowed_keys=self.allowed_payload_keys))
+        expires = None if expires_at is None else _checks.instant("expires_at", expires_at)
         now = self._now()
         available = now if given_at is None else given_at
         values = {"event_type": event_type, "aggregate_type": aggregate_type,
                   "aggregate_id": aggregate_id, "dedupe_key": dedupe_key, "payload": body,
-                  "available_at": available, "created_at": now, "updated_at": now}
+                  "available_at": available, "created_at": now, "updated_at": now,
+                  "headers": encode_headers(event_headers), "expires_at": expires}
         self._check_schema()
         isolation = _session.transaction_isolation(self.database) if given_key else ""
         event_id = self._family.write_event(self.database, values, given_key=given_key,
@@ -302,7 +328,8 @@ class OutboxRepository:
                 tzinfo=_UTC),
             "locked_at": None, "locked_by": None, "published_at": None,
             "last_error_code": None, "last_error_message": None, "created_at": created,
-            "updated_at": created})
+            "updated_at": created, "headers": event_headers,
+            "expires_at": None if expires is None else expires.replace(tzinfo=_UTC)})
 
     def _ring(self) -> None:
         """Wake the relays once the event commits (Peewee 4's ``after_commit``; dropped on a

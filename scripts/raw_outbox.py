@@ -11,7 +11,8 @@ from typing import Any
 #: outbox_event's columns, in the order the library reads them for each claimed event.
 COLUMNS = ("id", "event_type", "aggregate_type", "aggregate_id", "dedupe_key", "payload",
            "status", "attempt_count", "available_at", "locked_at", "locked_by", "published_at",
-           "last_error_code", "last_error_message", "created_at", "updated_at")
+           "last_error_code", "last_error_message", "created_at", "updated_at", "headers",
+           "expires_at")
 AVAILABLE_AT = COLUMNS.index("available_at")
 CLAIM_WINDOW = 4  # OutboxRepository's default claim_window
 

@@ -149,6 +149,18 @@ class AMQPConsumer(threading.Thread):
         return self.messages
 
 
+def basic_get(exchange: Exchange, count: int) -> list[tuple[Any, bytes]]:
+    """The next ``count`` messages of the exchange's queue as pika gives them, (properties,
+    body) each, acked; fails when fewer are there."""
+    connection, channel = amqp_channel(exchange.url)
+    try:
+        got = [channel.basic_get(exchange.queue, auto_ack=True) for _ in range(count)]
+    finally:
+        connection.close()
+    assert all(method is not None for method, _, _ in got), "fewer messages than expected"
+    return [(props, body) for _, props, body in got]
+
+
 def drain_queue(exchange: Exchange) -> list[Message]:
     """Every message now in the exchange's queue (acked: the queue is left empty)."""
     connection, channel = amqp_channel(exchange.url)

@@ -49,6 +49,8 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
                     " AND table_name = 'outbox_event'", (fresh_url.name,))
         assert cur.fetchone() == (1,)
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
+        assert "rolled back 006_headers_and_expiry" in capsys.readouterr().out
+        assert main(["migrate", "--rollback", "--database-url", raw]) == 0
         assert "rolled back 005_exact_aggregate_ids" in capsys.readouterr().out
         assert main(["migrate", "--rollback", "--database-url", raw]) == 0
         assert "rolled back 004_create_inbox_message" in capsys.readouterr().out
@@ -324,7 +326,7 @@ def test_a_rollback_that_works_prints_no_warning(fresh_url):
     assert _run("--database-url", raw).returncode == 0
     result = _run("--rollback", "--database-url", raw)
     assert result.returncode == 0
-    assert result.stdout.strip() == "rolled back 005_exact_aggregate_ids"
+    assert result.stdout.strip() == "rolled back 006_headers_and_expiry"
     assert result.stderr == ""
 
 
@@ -402,7 +404,8 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
         assert cur.fetchall() == (("001_create_outbox_event",),
                                   ("002_aggregate_index_published_at",),
                                   ("004_create_inbox_message",),
-                                  ("005_exact_aggregate_ids",))
+                                  ("005_exact_aggregate_ids",),
+                                  ("006_headers_and_expiry",))
 
 
 def test_rollback_by_a_user_without_rights_on_the_database_is_refused(fresh_url, dml_user):

@@ -464,6 +464,7 @@ def test_the_migration_rolls_back_and_applies_again(db_url, fetch):
     inbox = Inbox(database, "c")
     with database.atomic():
         inbox.accept("m")
+    assert schema.rollback(database) == "006_headers_and_expiry"
     assert schema.rollback(database) == "005_exact_aggregate_ids"
     assert schema.rollback(database) == "004_create_inbox_message"
     tables = FAMILY.tables(database)
@@ -472,7 +473,8 @@ def test_the_migration_rolls_back_and_applies_again(db_url, fetch):
     with pytest.raises(pw.ProgrammingError, match="inbox_message"):
         with database.atomic():
             inbox.accept("m")
-    assert schema.migrate(database) == ["004_create_inbox_message", "005_exact_aggregate_ids"]
+    assert schema.migrate(database) == ["004_create_inbox_message", "005_exact_aggregate_ids",
+                                        "006_headers_and_expiry"]
     with database.atomic():
         assert inbox.accept("m") is True  # an empty table again
     database.close()

@@ -102,6 +102,7 @@ def test_server_errors_are_one_line_with_exit_1(db_url, capsys):
         f"outbox-lite inbox purge: error: cannot reach the {FAMILY.SERVER_NAME} server at"
         " 127.0.0.1:1\n")
     database = db_url.database()
+    assert schema.rollback(database) == "006_headers_and_expiry"
     assert schema.rollback(database) == "005_exact_aggregate_ids"
     assert schema.rollback(database) == "004_create_inbox_message"
     database.close()

@@ -34,7 +34,7 @@ FAMILIES = {  # SPEC §8: name (as the parser names it) -> kind
     "outbox_relay_publish_seconds": "histogram", "outbox_relay_lag_seconds": "histogram",
     "outbox_events": "gauge", "outbox_oldest_pending_age_seconds": "gauge",
     "outbox_held_back_events": "gauge"}
-LABELS = {"outcome": {"published", "retried", "dead", "lost"},
+LABELS = {"outcome": {"published", "retried", "dead", "lost", "expired"},
           "status": {"pending", "processing", "published", "failed"}}
 
 
@@ -123,10 +123,12 @@ class _RelayProcess:
         found = []
         for line in list(self.lines):
             m = re.search(r": (\d+) published, (\d+) retried, (\d+) dead, (\d+) lost, (\d+)"
-                          r" released, (\d+) publish errors in (\d+) rounds", line)
+                          r" released, (\d+) publish errors in (\d+) rounds \((\d+) expired",
+                          line)
             if m:
                 found.append(dict(zip(("published", "retried", "dead", "lost", "released",
-                                       "publish_errors", "rounds"), map(int, m.groups()))))
+                                       "publish_errors", "rounds", "expired"),
+                                      map(int, m.groups()))))
         return found
 
     def stop(self) -> int:
@@ -185,7 +187,7 @@ def test_a_relay_process_counts_what_the_database_records(db, db_url, repo, fetc
         events = {o: _value(families, "outbox_relay_events", "outbox_relay_events_total",
                             outcome=o) for o in LABELS["outcome"]}
         assert events == {"published": published, "dead": dead,
-                          "retried": attempts - published - dead, "lost": 0}
+                          "retried": attempts - published - dead, "lost": 0, "expired": 0}
         assert events["retried"] == len([i for i in ids if i % 5 == 0 and i % 11])
         assert _value(families, "outbox_relay_publish_errors",
                       "outbox_relay_publish_errors_total") == 0
@@ -296,7 +298,8 @@ def test_an_in_process_relay_with_its_own_registry(db, repo, clock, fetch):
     assert set(families) == set(FAMILIES)
     _assert_bounded_labels(families)
     assert {o: _value(families, "outbox_relay_events", "outbox_relay_events_total", outcome=o)
-            for o in LABELS["outcome"]} == {"published": 16, "dead": 1, "retried": 0, "lost": 0}
+            for o in LABELS["outcome"]} == {"published": 16, "dead": 1, "retried": 0, "lost": 0,
+                                       "expired": 0}
     assert _value(families, "outbox_relay_rounds", "outbox_relay_rounds_total") == \
         relay.stats.rounds
     count, total, buckets = _histogram(families, "outbox_relay_lag_seconds")

@@ -289,7 +289,7 @@ def test_the_documented_migration_grants_are_enough(fetch):
     try:
         migrations = ["001_create_outbox_event", "002_aggregate_index_published_at",
                       "003_status_index_covers_aggregate", "004_create_inbox_message",
-                      "005_exact_aggregate_ids"]
+                      "005_exact_aggregate_ids", "006_headers_and_expiry"]
         assert schema.migrate(database) == migrations
         for name in reversed(migrations):
             assert schema.rollback(database) == name

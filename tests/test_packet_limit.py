@@ -130,7 +130,7 @@ def test_the_limit_is_the_servers_own_to_the_byte(packet_url):
     # The refused one, sent as PyMySQL would have sent it: exactly one byte too many.
     now = dt.datetime(2026, 1, 1, 12, 0, 0, 123456)
     params = ("job.created", "job", "1", "egde", json.dumps({"b": "x" * high},
-              separators=(",", ":")), now, now, now)
+              separators=(",", ":")), now, now, now, None, None)  # no headers, no expiry
     conn = packet_url.server_connection()
     conn.select_db(packet_url.name)
     statement = conn.cursor().mogrify(sql.INSERT, params)

@@ -399,7 +399,7 @@ def test_migrate_creates_a_missing_database_and_rolls_back(capsys):
         assert url.exists()
         assert cli_main(["migrate", "--database-url", url.secret_text()]) == 0
         assert "is up to date" in capsys.readouterr().out
-        for _ in range(5):
+        for _ in schema.migrations_dir().glob("[0-9][0-9][0-9]_*.py"):  # every one
             assert cli_main(["migrate", "--rollback", "--database-url", url.secret_text()]) == 0
         database = url.database()
         assert schema.applied(database) == []

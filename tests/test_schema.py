@@ -21,7 +21,7 @@ from _helpers import FAMILY
 
 MIGRATIONS = ["001_create_outbox_event", "002_aggregate_index_published_at",
               "003_status_index_covers_aggregate", "004_create_inbox_message",
-              "005_exact_aggregate_ids"]
+              "005_exact_aggregate_ids", "006_headers_and_expiry"]
 VARCHAR = "varchar" if FAMILY.name == "mysql" else "character varying"
 INSTANT = "datetime(6)" if FAMILY.name == "mysql" else "timestamp(6) without time zone"
 EXPECTED_TYPES = {
@@ -30,7 +30,7 @@ EXPECTED_TYPES = {
     "status": f"{VARCHAR}(16)", "available_at": INSTANT,
     "locked_at": INSTANT, "locked_by": f"{VARCHAR}(255)", "published_at": INSTANT,
     "last_error_code": f"{VARCHAR}(64)", "last_error_message": "text",
-    "created_at": INSTANT, "updated_at": INSTANT,
+    "created_at": INSTANT, "updated_at": INSTANT, "expires_at": INSTANT,
 }
 EXACT = "utf8mb4_bin" if FAMILY.name == "mysql" else "C"  # the identifiers' collation
 # An aggregate's head in one index read: MySQL and MariaDB order NULL published_at first;
@@ -44,10 +44,10 @@ def _columns(fetch):
     return FAMILY.columns(fetch, "outbox_event")
 
 
-def test_table_has_the_sixteen_columns_of_the_spec_with_microsecond_instants(fetch):
+def test_table_has_the_columns_of_the_spec_with_microsecond_instants(fetch):
     columns = _columns(fetch)
     assert [c["name"] for c in columns] == list(COLUMNS)
-    assert len(columns) == 16
+    assert len(columns) == 18  # the 16 of SPEC §1, headers and expires_at of §11
     types = {c["name"]: c["type"] for c in columns}
     for name, expected in EXPECTED_TYPES.items():
         assert types[name].startswith(expected), (name, types[name])
@@ -57,9 +57,10 @@ def test_table_has_the_sixteen_columns_of_the_spec_with_microsecond_instants(fet
         assert types["attempt_count"] == ("int(10) unsigned" if server.integer_display_width
                                           else "int unsigned")
         # MariaDB's JSON is LONGTEXT with a json_valid CHECK; MySQL has a JSON type of its own.
-        assert types["payload"] == server.json_column_type
+        assert types["payload"] == types["headers"] == server.json_column_type
     else:  # PostgreSQL has no unsigned integers (a CHECK keeps it >= 0); json keeps the text
-        assert (types["attempt_count"], types["payload"]) == ("integer", "json")
+        assert (types["attempt_count"], types["payload"], types["headers"]) == (
+            "integer", "json", "json")
     coll = {c["name"]: c["coll"] for c in columns}
     # Identifiers compare exactly (005 made the aggregate and the error code so).
     for name in ("dedupe_key", "locked_by", "aggregate_type", "aggregate_id",
@@ -112,6 +113,8 @@ def test_migrate_twice_is_a_no_op_and_rollback_undoes_one_migration_at_a_time(db
     database = db_url.database()
     assert schema.migrate(database) == []  # the fixture migrated already
     assert schema.applied(database) == MIGRATIONS
+    assert schema.rollback(database) == "006_headers_and_expiry"
+    assert len(_columns(fetch)) == 16
     assert schema.rollback(database) == "005_exact_aggregate_ids"
     assert {c["name"]: c["coll"] for c in _columns(fetch)}["aggregate_id"] == (
         "utf8mb4_unicode_ci" if FAMILY.name == "mysql" else None)  # the database's default
@@ -125,7 +128,7 @@ def test_migrate_twice_is_a_no_op_and_rollback_undoes_one_migration_at_a_time(db
     assert "outbox_event" not in FAMILY.tables(database)
     assert schema.rollback(database) is None
     assert schema.migrate(database) == MIGRATIONS
-    assert len(_columns(fetch)) == 16
+    assert len(_columns(fetch)) == 18
     assert _index(fetch) == AGGREGATE_INDEX
     assert _index(fetch, STATUS_INDEX) == ["status", "available_at", "id", "aggregate_type",
                                            "aggregate_id"]
@@ -136,13 +139,15 @@ def test_the_index_migrations_keep_the_rows_of_a_table_in_use(db_url, repo, fetc
     from _helpers import seed
     ids = seed(repo, 50)
     database = db_url.database()
+    assert schema.rollback(database) == "006_headers_and_expiry"
     assert schema.rollback(database) == "005_exact_aggregate_ids"
     assert schema.rollback(database) == "004_create_inbox_message"
     assert schema.rollback(database) == "003_status_index_covers_aggregate"
     assert schema.rollback(database) == "002_aggregate_index_published_at"
     assert schema.migrate(database) == ["002_aggregate_index_published_at",
                                         "003_status_index_covers_aggregate",
-                                        "004_create_inbox_message", "005_exact_aggregate_ids"]
+                                        "004_create_inbox_message", "005_exact_aggregate_ids",
+                                        "006_headers_and_expiry"]
     database.close()
     assert [r["id"] for r in fetch("SELECT id FROM outbox_event ORDER BY id")] == ids
     if FAMILY.name == "mysql":  # PostgreSQL's indexes are checked by amcheck, not installed

@@ -346,6 +346,9 @@ class MySQLFamily(Family):
             "last_error_message": Column("TEXT NULL", "text", False),
             "created_at": Column("DATETIME(6) NOT NULL", _INSTANT, False),
             "updated_at": Column("DATETIME(6) NOT NULL", _INSTANT, False),
+            # Migration 006 (SPEC §11); a missing one is ``outbox-lite migrate``'s to add.
+            "headers": Column("JSON NULL", "", False, True),
+            "expires_at": Column("DATETIME(6) NULL", _INSTANT, False, True),
         },
         "inbox_message": {
             "consumer": Column(f"VARCHAR(64) {_EXACT} NOT NULL", "varchar(64)", True),

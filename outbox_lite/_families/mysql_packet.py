@@ -35,8 +35,8 @@ from .mysql import ER_JSON_TOO_BIG, errno_of
 _ATTRIBUTE = "_outbox_lite_packet"
 #: Everything in an INSERT of an event besides its payload: the statement's text and its other
 #: parameters (five names of at most 255 characters, 4 bytes each, each escape doubling a
-#: byte, and three instants) take less than this.
-_OTHERS_BOUND = 12 * 1024
+#: byte, four instants, and headers of at most 8 KiB as JSON) take less than this.
+_OTHERS_BOUND = 40 * 1024
 _RENDERED_SEPARATORS = (", ", ": ")
 _LIMIT_RE = re.compile(r"max_allowed_packet \((\d+)\)")
 

@@ -26,9 +26,10 @@ from . import Pages, Statement
 
 INSERT = Statement(
     "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
-    " status, attempt_count, available_at, created_at, updated_at)"
+    " status, attempt_count, available_at, created_at, updated_at, headers, expires_at)"
     " VALUES (%(event_type)s, %(aggregate_type)s, %(aggregate_id)s, %(dedupe_key)s,"
-    " %(payload)s, 'pending', 0, %(available_at)s, %(created_at)s, %(updated_at)s)"
+    " %(payload)s, 'pending', 0, %(available_at)s, %(created_at)s, %(updated_at)s,"
+    " %(headers)s, %(expires_at)s)"
 )
 
 #: How an event with a caller's ``dedupe_key`` is written: one statement where that keeps a
@@ -58,9 +59,10 @@ INSERT = Statement(
 #: writer), and no writer waits on another's refused duplicate.
 INSERT_UNLESS_TAKEN = Statement(
     "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
-    " status, attempt_count, available_at, created_at, updated_at)"
+    " status, attempt_count, available_at, created_at, updated_at, headers, expires_at)"
     " SELECT %(event_type)s, %(aggregate_type)s, %(aggregate_id)s, %(dedupe_key)s,"
-    " %(payload)s, 'pending', 0, %(available_at)s, %(created_at)s, %(updated_at)s"
+    " %(payload)s, 'pending', 0, %(available_at)s, %(created_at)s, %(updated_at)s,"
+    " %(headers)s, %(expires_at)s"
     " FROM DUAL WHERE NOT EXISTS"
     " (SELECT 1 FROM outbox_event FORCE INDEX (uq_outbox_event_dedupe_key)"
     " WHERE dedupe_key = %(dedupe_key)s)"
@@ -79,7 +81,7 @@ DEDUPE_KEY_TAKEN = Statement(
 _COLUMNS = ("`id`, `event_type`, `aggregate_type`, `aggregate_id`, `dedupe_key`, `payload`,"
             " `status`, `attempt_count`, `available_at`, `locked_at`, `locked_by`,"
             " `published_at`, `last_error_code`, `last_error_message`, `created_at`,"
-            " `updated_at`")
+            " `updated_at`, `headers`, `expires_at`")
 
 FIND_DISPATCHABLE = Statement(
     f"SELECT {_COLUMNS} FROM outbox_event FORCE INDEX (ix_outbox_event_status_available_at)"

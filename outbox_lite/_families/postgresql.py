@@ -370,6 +370,9 @@ class PostgreSQLFamily(Family):
             "last_error_message": Column("TEXT", "text", False),
             "created_at": Column("TIMESTAMP(6)", _INSTANT, False),
             "updated_at": Column("TIMESTAMP(6)", _INSTANT, False),
+            # Migration 006 (SPEC §11); a missing one is ``outbox-lite migrate``'s to add.
+            "headers": Column("JSON", "json", False, True),
+            "expires_at": Column("TIMESTAMP(6)", _INSTANT, False, True),
         },
         "inbox_message": {
             "consumer": Column(f"VARCHAR(64) {_EXACT}", "character varying(64)", True),

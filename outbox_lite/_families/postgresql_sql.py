@@ -34,9 +34,10 @@ from . import Pages, Statement
 #: notifications), never on a rollback.
 INSERT = Statement(
     "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
-    " status, attempt_count, available_at, created_at, updated_at)"
+    " status, attempt_count, available_at, created_at, updated_at, headers, expires_at)"
     " VALUES (%(event_type)s, %(aggregate_type)s, %(aggregate_id)s, %(dedupe_key)s,"
-    " %(payload)s, 'pending', 0, %(available_at)s, %(created_at)s, %(updated_at)s)"
+    " %(payload)s, 'pending', 0, %(available_at)s, %(created_at)s, %(updated_at)s,"
+    " %(headers)s, %(expires_at)s)"
     " RETURNING id, pg_notify('outbox_event', '')::text"
 )
 #: An event with the caller's dedupe_key: a duplicate is no row (and no notification), never
@@ -49,9 +50,10 @@ INSERT = Statement(
 #: LockConflictError: retry, and the retry sees the duplicate).
 INSERT_UNLESS_TAKEN = Statement(
     "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
-    " status, attempt_count, available_at, created_at, updated_at)"
+    " status, attempt_count, available_at, created_at, updated_at, headers, expires_at)"
     " VALUES (%(event_type)s, %(aggregate_type)s, %(aggregate_id)s, %(dedupe_key)s,"
-    " %(payload)s, 'pending', 0, %(available_at)s, %(created_at)s, %(updated_at)s)"
+    " %(payload)s, 'pending', 0, %(available_at)s, %(created_at)s, %(updated_at)s,"
+    " %(headers)s, %(expires_at)s)"
     " ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, pg_notify('outbox_event', '')::text"
 )
 #: The channel the relays LISTEN on.
@@ -61,7 +63,8 @@ CHANNEL = "outbox_event"
 
 _COLUMNS = ("id, event_type, aggregate_type, aggregate_id, dedupe_key, payload::text,"
             " status, attempt_count, available_at, locked_at, locked_by, published_at,"
-            " last_error_code, last_error_message, created_at, updated_at")
+            " last_error_code, last_error_message, created_at, updated_at, headers::text,"
+            " expires_at")
 
 FIND_DISPATCHABLE = Statement(
     f"SELECT {_COLUMNS} FROM outbox_event"

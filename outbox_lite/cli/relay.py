@@ -49,6 +49,12 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--subject-prefix", metavar="PREFIX",
                    help="publish each event to PREFIX.<event_type> (a JetStream stream must "
                         "capture PREFIX.>)")
+    p.add_argument("--cloudevents", action="store_true",
+                   help="send each event as a CloudEvent in binary content mode (RabbitMQ: "
+                        "cloudEvents_* headers of the AMQP binding; NATS: ce-* headers)")
+    p.add_argument("--cloudevents-source", metavar="URI",
+                   help="the CloudEvents source of every event (default: /outbox-lite; give "
+                        "each service its own, e.g. urn:shop:orders)")
     p.add_argument("--publisher", metavar="MODULE:FACTORY",
                    help="instead of a shipped broker: publish with what this callable returns"
                         " (an object with publish(events) and close()); MODULE is found in "
@@ -206,12 +212,15 @@ def _bullmq(url: str, args: argparse.Namespace) -> Any:
 
 def _rabbitmq(url: str, args: argparse.Namespace) -> Any:
     from ..publishers.rabbitmq import RabbitMQPublisher
-    return RabbitMQPublisher(url, args.exchange, routing_key=args.routing_key)
+    return RabbitMQPublisher(url, args.exchange, routing_key=args.routing_key,
+                             cloudevents=args.cloudevents,
+                             cloudevents_source=args.cloudevents_source)
 
 
 def _nats(url: str, args: argparse.Namespace) -> Any:
     from ..publishers.nats import NATSPublisher
-    return NATSPublisher(url, args.subject_prefix)
+    return NATSPublisher(url, args.subject_prefix, cloudevents=args.cloudevents,
+                         cloudevents_source=args.cloudevents_source)
 
 
 _BROKERS = {
@@ -238,6 +247,11 @@ def _publisher(args: argparse.Namespace) -> Any:
     given = {name: [f for f in (b.url_flag, *b.target_flags) if _flag_value(args, f)]
              for name, b in _BROKERS.items()}
     chosen = [name for name, flags in given.items() if flags]
+    if args.cloudevents_source is not None and not args.cloudevents:
+        raise UsageError("--cloudevents-source goes with --cloudevents")
+    if args.cloudevents and (args.publisher or chosen == ["BullMQ"]):
+        raise UsageError("--cloudevents goes with --rabbitmq-url or --nats-url (a BullMQ job"
+                         " or a publisher of your own is no CloudEvents binding)")
     if args.publisher:
         if chosen:
             flag = given[chosen[0]][0]

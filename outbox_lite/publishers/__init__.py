@@ -17,6 +17,16 @@ What every publisher shares lives here, so there is one definition of each:
   broker takes as an id as it is.
 * :func:`message_body`: the payload's JSON text as the outbox writes it (UTF-8, compact,
   non-ASCII as it is).
+* :func:`cloudevent_attributes`: the CloudEvents 1.0 context attributes of an event, for the
+  binary content mode of the AMQP and NATS bindings (``RabbitMQPublisher`` and
+  ``NATSPublisher`` with ``cloudevents=True``): ``id`` the message id, ``type`` the
+  ``event_type``, ``source`` (default :data:`DEFAULT_CLOUDEVENTS_SOURCE`), ``subject``
+  ``<aggregate_type>/<aggregate_id>``, ``time`` the event's ``created_at`` (RFC 3339, UTC,
+  microseconds); ``datacontenttype`` is the message's content type, ``application/json``,
+  and the body is the payload unchanged.
+
+Every publisher also sends every header of the event (``event.headers``, SPEC §11) with its
+message, as the broker carries headers (see each module).
 """
 
 from __future__ import annotations
@@ -29,10 +39,17 @@ from urllib.parse import quote, unquote
 if TYPE_CHECKING:
     from ..models import OutboxEvent
 
-__all__ = ["MESSAGE_ID_PREFIX", "message_id", "message_id_of_key", "dedupe_key_of",
-           "message_body"]
+__all__ = ["DEFAULT_CLOUDEVENTS_SOURCE", "MESSAGE_ID_PREFIX", "cloudevent_attributes",
+           "cloudevents_source", "dedupe_key_of", "message_body", "message_id",
+           "message_id_of_key"]
 
 MESSAGE_ID_PREFIX = "outbox-"
+#: The CloudEvents ``source`` when none is given: a URI reference naming the library, the same
+#: for every service; give each service its own (``--cloudevents-source``), e.g.
+#: ``https://shop.example.com/orders`` or ``urn:shop:orders``.
+DEFAULT_CLOUDEVENTS_SOURCE = "/outbox-lite"
+CLOUDEVENTS_SPECVERSION = "1.0"
+_MAX_SOURCE_LENGTH = 1024
 #: What percent-encoding leaves as it is (RFC 3986's unreserved characters).
 _UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]+")
 #: The outbox's own encoding of a payload (``JSONTextField``): compact, UTF-8 as it is.
@@ -63,3 +80,30 @@ def message_body(event: OutboxEvent) -> bytes:
     """The body of ``event``'s message: its payload as JSON text, UTF-8."""
     payload: Any = event.payload
     return _ENCODER.encode(payload).encode("utf-8")
+
+
+def cloudevents_source(source: Any) -> str:
+    """``source`` checked as a CloudEvents ``source`` (a non-empty URI reference without white
+    space or control characters, at most 1,024 characters); None gives the default."""
+    from ..errors import InvalidEventError
+
+    if source is None:
+        return DEFAULT_CLOUDEVENTS_SOURCE
+    if not isinstance(source, str):
+        raise InvalidEventError(f"cloudevents_source must be a str, not {type(source).__name__}")
+    if not source or len(source) > _MAX_SOURCE_LENGTH or any(
+            c.isspace() or not c.isprintable() for c in source):
+        raise InvalidEventError(
+            "cloudevents_source must be a URI reference of 1-1024 characters without white "
+            "space, e.g. https://shop.example.com/orders or urn:shop:orders")
+    return source
+
+
+def cloudevent_attributes(event: OutboxEvent, source: str) -> dict[str, str]:
+    """The CloudEvents context attributes of ``event`` (see the module docstring), by name,
+    all strings; ``datacontenttype`` is left to the message's content type."""
+    created = event.created_at
+    time = created.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return {"specversion": CLOUDEVENTS_SPECVERSION, "id": message_id(event), "source": source,
+            "type": event.event_type, "subject": f"{event.aggregate_type}/{event.aggregate_id}",
+            "time": time}

@@ -6,7 +6,14 @@ The mapping is a contract, because consumers and re-publications rely on it:
 * job **data** = ``event.payload``, the JSON object or array as stored;
 * job **id** = :func:`outbox_lite.publishers.message_id` of the event, the message id every
   publisher uses: ``"outbox-"`` followed by the dedupe key percent-encoded as UTF-8, e.g.
-  ``order 42:paid`` → ``outbox-order%2042%3Apaid``.
+  ``order 42:paid`` → ``outbox-order%2042%3Apaid``;
+* the event's **headers** (SPEC §11) in the job's options, since the data is the payload alone:
+  all of them as ``opts.outboxHeaders`` (an object of strings, absent when there are none), and
+  its trace context where BullMQ's own OpenTelemetry support looks for it, ``opts.tm``: the
+  JSON text ``{"traceparent": …, "tracestate": …}`` that BullMQ for Node (with
+  ``telemetry: new BullMQOtel(…)``, from ``bullmq-otel``) stores there and reads back as
+  ``job.opts.telemetry.metadata`` to make the worker's ``process`` span a child of it.
+  A Python worker reads both with :func:`job_headers`.
 
 Why that id suits BullMQ. BullMQ stores job ``X`` of queue ``Q`` at the Redis key ``bull:Q:X``,
 next to the queue's own keys (``bull:Q:wait``, ``bull:Q:meta``, ``bull:Q:id``, ``bull:Q:de:…``)
@@ -61,7 +68,12 @@ DEFAULT_TIMEOUT = 10.0
 #: Redis refuses a single argument longer than ``proto-max-bulk-len`` (512 MiB by default).
 REDIS_DEFAULT_MAX_BULK_BYTES = 512 * 1024 * 1024
 #: Options the publisher owns, or that would merge different events into one job.
-_RESERVED_JOB_OPTIONS = ("jobId", "parent", "repeat", "deduplication", "debounce")
+_RESERVED_JOB_OPTIONS = ("jobId", "parent", "repeat", "deduplication", "debounce",
+                         "outboxHeaders", "tm", "omc", "telemetry")
+#: The job options that carry the event's headers, and its trace context (BullMQ's own).
+HEADERS_OPTION = "outboxHeaders"
+TRACE_OPTION = "tm"
+_TRACE_HEADERS = ("traceparent", "tracestate")
 _INSTALL_HINT = "pip install 'outbox-lite[bullmq]'"
 
 
@@ -113,11 +125,14 @@ class BullMQPublisher:
     a context manager, or call :meth:`close`.
     """
 
+    messaging_system = "bullmq"  # OpenTelemetry's name (outbox_lite.tracing)
+
     def __init__(self, redis_url: str, queue: str, *, prefix: str = "bull",
                  job_options: Mapping[str, Any] | None = None,
                  timeout: float = DEFAULT_TIMEOUT,
                  max_data_bytes: int | None = None) -> None:
         self.queue_name = _queue_name(queue)
+        self.destination = self.queue_name
         self.prefix = _checks.name("prefix", prefix)
         self.timeout = timeout_option(timeout)
         self.job_options = _job_options(job_options)
@@ -159,8 +174,7 @@ class BullMQPublisher:
         """
         if not events:
             return {}
-        jobs = [{"name": e.event_type, "data": e.payload, "opts": {"jobId": message_id(e)}}
-                for e in events]
+        jobs = [{"name": e.event_type, "data": e.payload, "opts": _job_opts(e)} for e in events]
         failures: Mapping[int, BaseException] = self._run(
             lambda queue: self._add(queue, events, jobs))
         return failures
@@ -325,6 +339,27 @@ def _data_bytes(data: Any) -> int:
     return len(json.dumps(data, separators=(",", ":"), allow_nan=False))
 
 
+def _job_opts(event: OutboxEvent) -> dict[str, Any]:
+    """A job's own options: its id, and the event's headers (see the module docstring)."""
+    opts: dict[str, Any] = {"jobId": message_id(event)}
+    headers = event.headers
+    if headers:
+        opts[HEADERS_OPTION] = dict(headers)
+        trace = {name: headers[name] for name in _TRACE_HEADERS if name in headers}
+        if "traceparent" in trace:
+            opts[TRACE_OPTION] = json.dumps(trace, separators=(",", ":"))
+    return opts
+
+
+def job_headers(job: Any) -> dict[str, str]:
+    """The headers of the event a job was added for (``{}`` for none), read from the job's
+    options by a Python worker: ``job.opts`` of a ``bullmq.Job``, or the options themselves.
+    A Node worker reads ``job.opts.outboxHeaders`` (and BullMQ's telemetry reads ``tm``)."""
+    opts = getattr(job, "opts", job)
+    headers = opts.get(HEADERS_OPTION) if isinstance(opts, Mapping) else None
+    return {str(k): str(v) for k, v in headers.items()} if isinstance(headers, Mapping) else {}
+
+
 def _queue_name(queue: Any) -> str:
     _checks.name("queue", queue)
     if ":" in queue:
@@ -340,8 +375,8 @@ def _job_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
     reserved = sorted(set(options) & set(_RESERVED_JOB_OPTIONS))
     if reserved:
         raise InvalidEventError(
-            f"job_options must not set {', '.join(reserved)}: the publisher derives the job id "
-            "from the dedupe key, one job per event")
+            f"job_options must not set {', '.join(reserved)}: the publisher sets them (the job "
+            "id from the dedupe key, the headers and trace context from the event)")
     try:
         json.dumps(options, allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -5,10 +5,19 @@ The message is a contract, because consumers rely on it:
 
 * **subject**: ``<subject_prefix>.<event_type>``;
 * **data**: the payload's JSON text, UTF-8 (:func:`outbox_lite.publishers.message_body`);
-* **headers**: ``Nats-Msg-Id`` = :func:`outbox_lite.publishers.message_id` (the same on every
-  publish of the event, so the stream's duplicate window drops a republish),
-  ``Outbox-Event-Id`` (the event's id, in decimal), ``Outbox-Event-Type``,
-  ``Outbox-Aggregate-Type``, ``Outbox-Aggregate-Id``.
+* **headers**: every header of the event (``event.headers``: a ``traceparent`` among them when
+  the service wrote it in a trace, SPEC §11; a NATS header name cannot hold ``:``, so each
+  ``:`` of a name travels as ``%3A``, which no header name holds otherwise), then
+  ``Nats-Msg-Id`` =
+  :func:`outbox_lite.publishers.message_id` (the same on every publish of the event, so the
+  stream's duplicate window drops a republish), ``Outbox-Event-Id`` (the event's id, in
+  decimal), ``Outbox-Event-Type``, ``Outbox-Aggregate-Type``, ``Outbox-Aggregate-Id``;
+* with ``cloudevents=True``, the binary content mode of the CloudEvents NATS binding (since
+  NATS 2.2, as the HTTP binding does it): the context attributes
+  (:func:`outbox_lite.publishers.cloudevent_attributes`) as headers ``ce-specversion``,
+  ``ce-id``, ``ce-source``, ``ce-type``, ``ce-subject``, ``ce-time``, each value
+  percent-encoded where the binding says (space, ``"``, ``%`` and anything outside printable
+  ASCII), ``datacontenttype`` as ``content-type: application/json``, and the data unchanged.
 
 An event counts as published only once the stream acknowledged it (its ``PubAck``); the acks of
 a batch are awaited together, not one round trip per event. An ack that says ``duplicate``
@@ -34,7 +43,8 @@ from urllib.parse import urlsplit
 from .. import _checks
 from ..errors import InvalidEventError, OutboxError
 from ..models import OutboxEvent
-from . import message_body, message_id
+from . import cloudevent_attributes, message_body, message_id
+from . import cloudevents_source as _cloudevents_source
 from ._loop import ConnectionPublisher, timeout_option
 from ._url import mask_url, password_of, scrub
 
@@ -111,15 +121,20 @@ class NATSPublisher(ConnectionPublisher):
 
     broker = "NATS"
     code = "nats"
+    messaging_system = "nats"  # OpenTelemetry's name (outbox_lite.tracing)
     unavailable = NATSUnavailableError
 
     def __init__(self, servers: str | Sequence[str], subject_prefix: str, *,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, cloudevents: bool = False,
+                 cloudevents_source: str | None = None) -> None:
+        self.cloudevents = _checks.flag("cloudevents", cloudevents)
+        self.cloudevents_source = _cloudevents_source(cloudevents_source)
         self._servers = _server_urls(servers)
         self.subject_prefix = _checks.name("subject_prefix", subject_prefix)
         why = subject_error(self.subject_prefix)
         if why:
             raise InvalidEventError(f"subject_prefix {subject_prefix!r} is not a subject: {why}")
+        self.destination = self.subject_prefix
         self.timeout = timeout_option(timeout)
         self._passwords = [password_of(url) for url in self._servers]
         # Safe to show: passwords (and tokens) masked.
@@ -148,13 +163,24 @@ class NATSPublisher(ConnectionPublisher):
                     f"event_type {e.event_type!r} makes no valid NATS subject: {why}",
                     error_code="invalid_subject", retryable=False)
                 continue
-            messages.append((e, subject, message_body(e), {
-                "Nats-Msg-Id": message_id(e), "Outbox-Event-Id": str(e.id),
-                "Outbox-Event-Type": e.event_type, "Outbox-Aggregate-Type": e.aggregate_type,
-                "Outbox-Aggregate-Id": e.aggregate_id}))
+            messages.append((e, subject, message_body(e), self._headers(e)))
         if messages:
             failures.update(self._run(lambda: self._publish(messages)))
         return failures
+
+    def _headers(self, event: OutboxEvent) -> dict[str, str]:
+        """The message's headers (see the module docstring)."""
+        headers = {name.replace(":", "%3A") if ":" in name else name: value
+                   for name, value in event.headers.items()}
+        headers.update({
+            "Nats-Msg-Id": message_id(event), "Outbox-Event-Id": str(event.id),
+            "Outbox-Event-Type": event.event_type, "Outbox-Aggregate-Type": event.aggregate_type,
+            "Outbox-Aggregate-Id": event.aggregate_id})
+        if self.cloudevents:
+            for name, value in cloudevent_attributes(event, self.cloudevents_source).items():
+                headers["ce-" + name] = _percent_encoded(value)
+            headers["content-type"] = "application/json"
+        return headers
 
     def ping(self) -> None:
         """Connect if needed and check that a stream captures ``<subject_prefix>.>``: raises
@@ -282,6 +308,16 @@ def _import_client() -> Any:
             f"NATSPublisher needs the nats-py package ({exc}); install it with {_INSTALL_HINT}"
         ) from exc
     return nats
+
+
+def _percent_encoded(value: str) -> str:
+    """A CloudEvents attribute as a header value: space, '"', '%' and every character outside
+    printable ASCII percent-encoded as UTF-8 (the HTTP binding's rule, which the NATS
+    binding's binary mode follows)."""
+    if all("!" <= c <= "~" and c not in '"%' for c in value):
+        return value
+    return "".join(c if "!" <= c <= "~" and c not in '"%' else
+                   "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in value)
 
 
 async def _close(state: list[Any]) -> None:

@@ -9,8 +9,15 @@ The message is a contract, because consumers rely on it:
 * **properties**: ``message_id`` = :func:`outbox_lite.publishers.message_id` (the same on every
   publish of the event), ``type`` = ``event_type``, ``content_type`` = ``application/json``,
   ``delivery_mode`` = 2 (persistent);
-* **headers**: ``outbox-event-id`` (the event's id, an integer), ``outbox-aggregate-type``,
-  ``outbox-aggregate-id``.
+* **headers**: every header of the event (``event.headers``: a ``traceparent`` among them when
+  the service wrote it in a trace, SPEC §11), then ``outbox-event-id`` (the event's id, an
+  integer), ``outbox-aggregate-type``, ``outbox-aggregate-id``;
+* with ``cloudevents=True``, the binary content mode of the CloudEvents AMQP binding: the
+  context attributes (:func:`outbox_lite.publishers.cloudevent_attributes`) as headers
+  ``cloudEvents_specversion``, ``cloudEvents_id``, ``cloudEvents_source``,
+  ``cloudEvents_type``, ``cloudEvents_subject``, ``cloudEvents_time`` (strings; the binding's
+  ``cloudEvents_`` prefix, which JMS takes too), ``datacontenttype`` as ``content_type``,
+  and the body unchanged.
 
 An event counts as published only once the broker confirmed it (``basic.ack``): for a
 persistent message routed to durable queues, RabbitMQ confirms once they have written it. A
@@ -38,7 +45,8 @@ from urllib.parse import unquote, urlsplit
 from .. import _checks
 from ..errors import InvalidEventError, OutboxError
 from ..models import MAX_NAME_LENGTH, OutboxEvent
-from . import message_body, message_id
+from . import cloudevent_attributes, message_body, message_id
+from . import cloudevents_source as _cloudevents_source
 from ._loop import ConnectionPublisher, timeout_option
 from ._url import mask_url, password_of, scrub
 
@@ -46,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 10.0
 CONTENT_TYPE = "application/json"
+#: The CloudEvents AMQP binding's prefix of an attribute's application property.
+CLOUDEVENTS_PREFIX = "cloudEvents_"
 PERSISTENT = 2
 _INSTALL_HINT = "pip install 'outbox-lite[rabbitmq]'"
 
@@ -100,11 +110,16 @@ class RabbitMQPublisher(ConnectionPublisher):
 
     broker = "RabbitMQ"
     code = "rabbitmq"
+    messaging_system = "rabbitmq"  # OpenTelemetry's name (outbox_lite.tracing)
     unavailable = RabbitMQUnavailableError
 
     def __init__(self, url: str, exchange: str, *, routing_key: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, cloudevents: bool = False,
+                 cloudevents_source: str | None = None) -> None:
         self.exchange = _checks.name("exchange", exchange)
+        self.destination = self.exchange
+        self.cloudevents = _checks.flag("cloudevents", cloudevents)
+        self.cloudevents_source = _cloudevents_source(cloudevents_source)
         self.routing_key = _routing_key(routing_key)
         self.timeout = timeout_option(timeout)
         self._url = _amqp_url(url)
@@ -131,13 +146,22 @@ class RabbitMQPublisher(ConnectionPublisher):
                      spec.Basic.Properties(
                          message_id=message_id(e), message_type=e.event_type,
                          content_type=CONTENT_TYPE, delivery_mode=PERSISTENT,
-                         headers={"outbox-event-id": e.id,
-                                  "outbox-aggregate-type": e.aggregate_type,
-                                  "outbox-aggregate-id": e.aggregate_id}))
+                         headers=self._headers(e)))
                     for e in events]
         failures: Mapping[int, BaseException] = self._run(
             lambda: self._publish(events, messages))
         return failures
+
+    def _headers(self, event: OutboxEvent) -> dict[str, Any]:
+        """The message's headers (see the module docstring)."""
+        headers: dict[str, Any] = dict(event.headers)
+        headers["outbox-event-id"] = event.id
+        headers["outbox-aggregate-type"] = event.aggregate_type
+        headers["outbox-aggregate-id"] = event.aggregate_id
+        if self.cloudevents:
+            for name, value in cloudevent_attributes(event, self.cloudevents_source).items():
+                headers[CLOUDEVENTS_PREFIX + name] = value
+        return headers
 
     def ping(self) -> None:
         """Connect if needed and check that the exchange exists (a passive declare): raises
