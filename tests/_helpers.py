@@ -279,9 +279,9 @@ class PostgreSQLFamily:
     SERVER_NAME = "PostgreSQL"
     JOB_TABLE = "CREATE TABLE job (id BIGSERIAL PRIMARY KEY, name VARCHAR(64) NOT NULL)"
     SERIAL_ID = "id BIGSERIAL PRIMARY KEY"
-    #: WITH e AS (INSERT … ON CONFLICT (dedupe_key) DO NOTHING RETURNING id) SELECT …
-    #: pg_notify(…): the write and its wake-up in one statement.
-    WRITE_WORD = "WITH"
+    #: INSERT … [ON CONFLICT (dedupe_key) DO NOTHING] RETURNING id, pg_notify(…): the write
+    #: and its wake-up in one statement.
+    WRITE_WORD = "INSERT"
     UTC_NOW = "(now() AT TIME ZONE 'UTC')"
     EXACT_TEXT = 'COLLATE "C"'
     TIME_ZONE_PLUS_8 = "SET TIME ZONE 'Asia/Shanghai'"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 
@@ -124,8 +125,9 @@ def test_a_broken_repository_breaks_the_invariants(suite_url, broken, scenario, 
 def test_a_claim_that_breaks_aggregate_order_breaks_the_ordered_scenario(
         suite_url, monkeypatch, newest_first):
     if newest_first:  # one event per aggregate, but its newest unpublished one
-        from outbox_lite import _sql
-        monkeypatch.setattr(_sql, "HEADS", _sql.HEADS.replace("o.id LIMIT 1", "o.id DESC LIMIT 1"))
+        # The statements of the server's family (outbox_lite._sql is MySQL's).
+        sql = importlib.import_module(f"outbox_lite._families.{FAMILY.name}_sql")
+        monkeypatch.setattr(sql, "HEADS", sql.HEADS.replace("o.id LIMIT 1", "o.id DESC LIMIT 1"))
         broken, expected = OutboxRepository, [
             "reached the sink before an older one of their aggregate",
             "behind a dead letter were claimed"]
@@ -142,7 +144,7 @@ def test_a_claim_that_breaks_aggregate_order_breaks_the_ordered_scenario(
 
 def test_cli_prints_json_and_exits_zero(capsys):
     name = f"{TEST_URL.name}_cli_suite_{os.getpid()}"  # the suite runs in <name>_contention
-    url = f"mysql://{TEST_URL.user}@{TEST_URL.host}:{TEST_URL.port}/{name}"
+    url = f"{FAMILY.SCHEME}://{TEST_URL.user}@{TEST_URL.host}:{TEST_URL.port}/{name}"
     code = main(["contention", "--database-url", url, "--scenario", "batch",
                  "--scenario", "dedupe", "--workers", "3", "--events", "30", "--json"])
     out = capsys.readouterr().out

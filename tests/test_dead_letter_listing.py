@@ -9,7 +9,7 @@ import json
 
 from outbox_lite.cli import main
 
-from _helpers import new_event
+from _helpers import FAMILY, new_event
 
 
 def _dead_letter(repo, n, code, message, attempts=1, failed_ago=None, fetch=None):
@@ -19,8 +19,8 @@ def _dead_letter(repo, n, code, message, attempts=1, failed_ago=None, fetch=None
         last = attempt == attempts - 1
         assert repo.mark_failed(event.id, "w", code, message, retryable=not last)
         if not last:  # the retry's backoff passes (set through SQL)
-            fetch("UPDATE outbox_event SET available_at = available_at - INTERVAL 1 DAY"
-                  " WHERE id = %s", event.id)
+            fetch("UPDATE outbox_event SET available_at = available_at"
+                  f" - {FAMILY.interval('1 DAY')} WHERE id = %s", event.id)
     if failed_ago is not None:
         when = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - failed_ago
         fetch("UPDATE outbox_event SET updated_at = %s WHERE id = %s", when, event.id)

@@ -136,6 +136,14 @@ def test_the_longest_id_and_consumer_are_stored_whole_even_without_strict_mode(d
     message_id = "\U0001F4E8" * MAX_MESSAGE_ID_LENGTH
     if FAMILY.name == "mysql":  # a server that would truncate silently (PostgreSQL never does)
         db.execute_sql("SET SESSION sql_mode = ''")
+    else:  # PostgreSQL's btree entry holds 2,704 bytes: a 3,072-byte key is refused before
+        # any SQL (the server would abort the caller's transaction); the longest ASCII fits.
+        with capture_sql(db) as statements, pytest.raises(InvalidEventError, match="2688"):
+            with db.atomic():
+                Inbox(db, consumer).accept(message_id)
+        assert not [s for s, _ in statements if "inbox_message" in s]
+        assert _records(fetch) == []
+        consumer, message_id = "c" * MAX_CONSUMER_LENGTH, "m" * MAX_MESSAGE_ID_LENGTH
     inbox = Inbox(db, consumer)
     with db.atomic():
         assert inbox.accept(message_id) is True

@@ -134,7 +134,7 @@ def test_the_documented_grants_are_enough_and_a_missing_one_is_named(
     with database.atomic():
         assert Inbox(database, "billing").accept("m") is False
     database.close()
-    fetch("UPDATE inbox_message SET received_at = received_at - INTERVAL 30 DAY")
+    fetch(f"UPDATE inbox_message SET received_at = received_at - {FAMILY.interval('30 DAY')}")
     assert main(["inbox", "purge", "--older-than", "7d", "--database-url", raw]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"outbox-lite inbox purge: error: user {user} lacks the DELETE"

@@ -156,10 +156,11 @@ def test_kills_of_consumers_and_of_a_relay_leave_each_business_row_exactly_once(
         return count
 
     def deliveries() -> dict[str, tuple[int, int]]:
-        """Per message id: how many deliveries the inbox accepted, and how many in all."""
+        """Per message id: how many deliveries the inbox accepted, and how many in all (BOOL
+        is a number on MySQL, a boolean that SUM refuses on PostgreSQL: CASE counts both)."""
         return {r["message_id"]: (int(r["firsts"]), r["n"]) for r in fetch(
-            "SELECT message_id, SUM(accepted) AS firsts, COUNT(*) AS n FROM delivery"
-            " GROUP BY message_id")}
+            "SELECT message_id, SUM(CASE WHEN accepted THEN 1 ELSE 0 END) AS firsts,"
+            " COUNT(*) AS n FROM delivery GROUP BY message_id")}
 
     # A relay publishes its first batch and hangs before recording it (killed there, below).
     hung = tmp_path / "relay.hung"
@@ -186,7 +187,7 @@ def test_kills_of_consumers_and_of_a_relay_leave_each_business_row_exactly_once(
     # The doomed relay dies between publish and record; its claims expire (set through SQL);
     # its successor publishes that batch again, then the rest.
     _kill(doomed)
-    fetch("UPDATE outbox_event SET locked_at = locked_at - INTERVAL 1 HOUR"
+    fetch(f"UPDATE outbox_event SET locked_at = locked_at - {FAMILY.interval('1 HOUR')}"
           " WHERE locked_by = 'relay-doomed'")
     survivor = _relay(processes, db_url, *broker.flags(), "--until-empty",
                       env=_env(db_url, broker))

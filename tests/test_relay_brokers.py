@@ -26,6 +26,7 @@ from outbox_lite.relay import Relay
 
 from _brokers import (SHARED_NATS, SHARED_RABBITMQ, AMQPConsumer, Exchange, JetStreamConsumer,
                       Stream, drain_queue, new_exchange, new_stream)
+from _helpers import FAMILY
 from _redis import SHARED_REDIS
 from _relays import TESTS, StopsServerBefore, finish, orders, relay_process, wait_for
 
@@ -128,7 +129,7 @@ def test_three_relays_one_killed_mid_batch_deliver_every_event(
     assert len(held) == 50
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE locked_by = 'relay-doomed'"
                  " AND status = 'processing'") == [{"n": 50}]
-    fetch("UPDATE outbox_event SET locked_at = locked_at - INTERVAL 1 HOUR"
+    fetch(f"UPDATE outbox_event SET locked_at = locked_at - {FAMILY.interval('1 HOUR')}"
           " WHERE locked_by = 'relay-doomed'")  # its claims expire (through SQL)
     results = [finish(p) for p in survivors]
     assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]

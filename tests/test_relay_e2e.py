@@ -82,7 +82,7 @@ def test_a_relay_killed_mid_batch_leaves_no_event_lost_or_doubled(
                 if rds.exists(f"bull:{queue}:{job_id(e.dedupe_key)}") and e.id in held}
     assert in_redis == set(held)  # published, but the outbox does not know it
     # The lock timeout passes for the dead relay's claims (set through SQL, not waited for).
-    fetch("UPDATE outbox_event SET locked_at = locked_at - INTERVAL 1 HOUR"
+    fetch(f"UPDATE outbox_event SET locked_at = locked_at - {FAMILY.interval('1 HOUR')}"
           " WHERE locked_by = 'relay-doomed'")
     results = [_finish(p) for p in survivors]
     assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
