@@ -74,7 +74,7 @@ def test_the_script_reads_the_url_from_the_environment(fresh_url):
 
 
 @pytest.mark.parametrize("url,code,words", [
-    ("sqlite://u@h/db", 2, "unsupported URL scheme"),
+    ("oracle://u@h/db", 2, "unsupported URL scheme"),
     ("mysql://root@127.0.0.1/bad-name", 2, "database name"),
     ("mysql://root@127.0.0.1:notaport/db", 2, "bad database URL"),
     ("mysql://root@127.0.0.1:1/outbox_x", 1, "cannot reach the MySQL server at 127.0.0.1:1"),
