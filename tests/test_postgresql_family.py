@@ -6,6 +6,7 @@ rest of the suite's. Each test gets a database of its own, migrated, dropped aft
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import itertools
 import json
@@ -13,7 +14,6 @@ import os
 import threading
 import time
 
-import peewee as pw
 import pytest
 
 from outbox_lite import (ConnectionLostError, DuplicateEventError, Inbox, LockConflictError,
@@ -29,11 +29,13 @@ _names = itertools.count()
 
 @pytest.fixture(params=["psycopg2", "psycopg"])
 def pg(request):
-    """(url, database) of a fresh migrated database, through psycopg2 or psycopg 3."""
-    url = PG_URL.with_name(f"{PG_URL.name}_pg_{os.getpid()}_{next(_names)}")
+    """(url, database) of a fresh migrated database, through psycopg2 or psycopg 3 (the URL's
+    ``driver=``)."""
+    url = _with_driver(PG_URL.with_name(f"{PG_URL.name}_pg_{os.getpid()}_{next(_names)}"),
+                       request.param)
     url.drop_database()
     url.create_database()
-    database = url.database(**_driver_options(request.param))
+    database = url.database()
     schema.migrate(database)
     assert type(database.connection()).__module__.split(".")[0] == request.param
     yield url, database
@@ -41,15 +43,31 @@ def pg(request):
     url.drop_database()
 
 
-def _driver_options(driver: str) -> dict:
-    """How a Peewee database of this line is made to drive ``driver``: Peewee 4 takes either
-    (prefer_psycopg3), Peewee 3 has a class for psycopg 3."""
-    if driver == "psycopg2":
-        return {}
-    if pw.__version__.startswith("3."):
-        from playhouse.psycopg3_ext import Psycopg3Database
-        return {"database_class": Psycopg3Database}
-    return {"prefer_psycopg3": True}
+def _with_driver(url, driver: str):
+    return dataclasses.replace(url, options=tuple(sorted(
+        {**dict(url.options), "driver": driver}.items())))
+
+
+def test_the_url_names_the_driver_and_without_it_psycopg_3_is_chosen():
+    """``driver=`` picks the driver of the database, of the server connections and of the
+    relay's LISTEN; without it psycopg 3 (the [postgresql] extra's) is chosen when installed.
+    Both are installed here (the [test] extra)."""
+    bare = dataclasses.replace(PG_URL, options=(), name="postgres")  # the maintenance db
+    for url, expected in ((bare, "psycopg"), (_with_driver(bare, "psycopg"), "psycopg"),
+                          (_with_driver(bare, "psycopg2"), "psycopg2")):
+        assert DatabaseUrl.parse(url.secret_text()) == url
+        database = url.database()
+        try:
+            assert type(database.connection()).__module__.split(".")[0] == expected
+        finally:
+            database.close()
+        conn = url.server_connection()
+        try:
+            assert type(conn).__module__.split(".")[0] == expected
+        finally:
+            conn.close()
+    with pytest.raises(DatabaseUrlError, match="driver must be one of psycopg, psycopg2"):
+        DatabaseUrl.parse(f"{bare.secret_text()}?driver=pg8000")
 
 
 def _event(repo, key=None, n=0, **extra):

@@ -389,19 +389,38 @@ FAMILY = PostgreSQLFamily()
 # LISTEN: the relay's wake-up on PostgreSQL
 # ---------------------------------------------------------------------------
 
-def _driver() -> Any:
-    """psycopg 3 when installed, else psycopg2 (ImportError naming the extra)."""
-    for name in ("psycopg", "psycopg2"):
+#: The drivers, in the order a URL without ``driver=`` tries them: psycopg 3 is what the
+#: ``[postgresql]`` extra installs.
+DRIVERS = ("psycopg", "psycopg2")
+
+
+def _driver(wanted: str | None = None) -> Any:
+    """The driver module ``wanted`` (a name of DRIVERS), else psycopg 3 when installed, else
+    psycopg2; ImportError naming what to install when it is missing."""
+    for name in (wanted,) if wanted else DRIVERS:
         try:
             return importlib.import_module(name)
         except ImportError:
             continue
+    if wanted == "psycopg2":
+        raise ImportError("the URL asks for driver=psycopg2, which is not installed:"
+                          " pip install psycopg2-binary")
     raise ImportError("PostgreSQL needs a driver: pip install 'outbox-lite[postgresql]'")
 
 
-def _connect(dbname: str, params: dict[str, Any]) -> Any:
+def _driver_of(database: Any) -> str | None:
+    """The driver a Peewee database drives: ``psycopg``, ``psycopg2`` or None (unknown)."""
+    adapter = type(getattr(database, "_adapter", None)).__name__
+    if adapter in ("Psycopg3Adapter", "Psycopg2Adapter"):
+        return "psycopg" if adapter == "Psycopg3Adapter" else "psycopg2"
+    if type(database).__name__ == "Psycopg3Database":  # Peewee 3's playhouse.psycopg3_ext
+        return "psycopg"
+    return "psycopg2" if isinstance(database, pw.PostgresqlDatabase) else None
+
+
+def _connect(dbname: str, params: dict[str, Any], driver_name: str | None = None) -> Any:
     """A driver connection of its own, in autocommit."""
-    driver = _driver()
+    driver = _driver(driver_name)
     if driver.__name__ == "psycopg":
         return driver.connect(dbname=dbname, autocommit=True, **params)
     conn = driver.connect(dbname=dbname, **params)
@@ -421,6 +440,7 @@ class Listener:
                        if k in ("host", "port", "user", "password", "sslmode", "sslrootcert",
                                 "sslcert", "sslkey", "sslpassword", "connect_timeout",
                                 "application_name", "options", "service")}
+        self.driver = _driver_of(database)
         self.channel = sql.CHANNEL
         self.where = (f"PostgreSQL LISTEN {sql.CHANNEL} on "
                       f"{self.params.get('host', 'localhost')}:{self.params.get('port', 5432)}"
@@ -435,7 +455,7 @@ class Listener:
 
     def listen(self, channel: str, bell: Any, stop: threading.Event,
                ready: Callable[[], None]) -> None:
-        conn = _connect(self.dbname, self.params)
+        conn = _connect(self.dbname, self.params, self.driver)
         try:
             conn.cursor().execute(f"LISTEN {sql.CHANNEL}")
             ready()
@@ -484,11 +504,17 @@ def _whole_seconds(name: str, value: str) -> int:
     return int(value)
 
 
+def _driver_option(name: str, value: str) -> str:
+    if value not in DRIVERS:
+        raise DatabaseUrlError(f"URL parameter {name} must be one of {', '.join(DRIVERS)}")
+    return value
+
+
 #: The query parameters a URL may carry, named as libpq names them, with their readers.
 OPTIONS: dict[str, Callable[[str, str], Any]] = {
     "sslmode": _sslmode, "sslrootcert": text_option, "sslcert": text_option,
     "sslkey": text_option, "sslpassword": text_option, "connect_timeout": _whole_seconds,
-    "application_name": text_option,
+    "application_name": text_option, "driver": _driver_option,
 }
 
 
@@ -506,24 +532,35 @@ class PostgresUrl(DatabaseUrl):
     secret_options = frozenset({"sslpassword"})
     file_options = ("sslrootcert", "sslcert", "sslkey")
 
+    @property
+    def driver(self) -> str | None:
+        """The URL's ``driver=`` (``psycopg`` or ``psycopg2``), None when it names none."""
+        return dict(self.options).get("driver")
+
     def _params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user,
                                   "connect_timeout": 5, **dict(self.options)}
+        params.pop("driver", None)  # ours, not libpq's
         if self.password:
             params["password"] = self.password
         return params
 
     def database(self, database_class: Any = None, **kwargs: Any) -> Any:
-        """A Peewee database for this URL (connects lazily), of ``database_class`` (default:
-        Peewee's PostgresqlDatabase, or on Peewee 3 without psycopg2 its Psycopg3Database);
-        ``kwargs`` add to or override the URL's connection options."""
-        kind = default_database_class() if database_class is None else database_class
-        return kind(self.name, **{**self._params(), **kwargs})
+        """A Peewee database for this URL (connects lazily) driving the URL's ``driver=``, or
+        psycopg 3 when installed, else psycopg2: of ``database_class`` when given, else
+        Peewee's PostgresqlDatabase (on Peewee 3 with psycopg 3, playhouse's
+        Psycopg3Database). ``kwargs`` add to or override the URL's connection options."""
+        driver = _driver(self.driver).__name__
+        kind = default_database_class(driver) if database_class is None else database_class
+        extra: dict[str, Any] = {}
+        if issubclass(kind, pw.PostgresqlDatabase) and hasattr(kind, "psycopg3_adapter"):
+            extra["prefer_psycopg3"] = driver == "psycopg"  # Peewee 4 picks by this flag
+        return kind(self.name, **{**self._params(), **extra, **kwargs})
 
     def server_connection(self) -> Any:
         """A plain driver connection to the server's maintenance database ``postgres``, in
         autocommit."""
-        return _connect("postgres", self._params())
+        return _connect("postgres", self._params(), self.driver)
 
     def exists(self) -> bool:
         conn = self.server_connection()
@@ -564,16 +601,12 @@ class PostgresUrl(DatabaseUrl):
             conn.close()
 
 
-def default_database_class() -> Any:
-    """Peewee's PostgresqlDatabase (Peewee 4 drives psycopg2 or psycopg 3 alike; Peewee 3
-    psycopg2 only), else Peewee 3's Psycopg3Database when only psycopg 3 is installed."""
-    if not str(getattr(pw, "__version__", "")).startswith("3."):
+def default_database_class(driver: str) -> Any:
+    """Peewee's PostgresqlDatabase (Peewee 4 drives either driver; Peewee 3 psycopg2 only),
+    or on Peewee 3 with ``driver`` psycopg its playhouse.psycopg3_ext.Psycopg3Database."""
+    if driver == "psycopg2" or not str(getattr(pw, "__version__", "")).startswith("3."):
         return pw.PostgresqlDatabase
-    try:
-        importlib.import_module("psycopg2")
-        return pw.PostgresqlDatabase
-    except ImportError:
-        return importlib.import_module("playhouse.psycopg3_ext").Psycopg3Database
+    return importlib.import_module("playhouse.psycopg3_ext").Psycopg3Database
 
 
 PostgreSQLFamily.url_class = PostgresUrl
