@@ -79,6 +79,16 @@ def _rows(database, sql, *params):
     return database.execute_sql(sql, params).fetchall()
 
 
+def _until(condition, what, timeout=30.0, gone=lambda: False):
+    """Poll ``condition`` until it holds; fail after ``timeout`` s, or once ``gone()`` says
+    what it waits on is gone (a thread that ended)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert not gone(), f"{what}: what it waited on is gone"
+        assert time.monotonic() < deadline, f"waited in vain for {what}"
+        time.sleep(0.01)
+
+
 # ---------------------------------------------------------------------------
 # The duplicate: never an error on the server
 # ---------------------------------------------------------------------------
@@ -127,10 +137,15 @@ def test_racing_uncommitted_duplicates_at_read_committed(pg, first_commits):
         try:
             with first.atomic():
                 _event(OutboxRepository(first), key, 1)
+                [(holder,)] = _rows(first, "SELECT pg_backend_pid()")
                 thread = threading.Thread(target=late)
                 thread.start()
-                time.sleep(0.3)  # the second INSERT is waiting on the first's row
-                assert thread.is_alive()
+                # the second INSERT waits on the first's row: a session blocked by the first
+                _until(lambda: _rows(_db, "SELECT count(*) FROM pg_stat_activity"
+                                          " WHERE %s = ANY(pg_blocking_pids(pid))",
+                                     holder) == [(1,)],
+                       "the second INSERT to wait on the first",
+                       gone=lambda: not thread.is_alive())
                 if not first_commits:
                     raise Undo
         except Undo:
@@ -239,27 +254,36 @@ def test_the_relay_listens_on_postgresql_without_a_wake_url(pg):
     url, db = pg
     assert Relay(OutboxRepository(db), _Collect()).native_wake is not None
     published: dict[int, float] = {}
-    relay = Relay(OutboxRepository(db), _Collect(published), idle_pause=0.5,
+    # Its first empty claim is followed by a pause of 30 s: what is published before that
+    # was woken.
+    relay = Relay(OutboxRepository(db), _Collect(published), idle_pause=30.0,
                   max_idle_pause=30.0)
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,))
     thread.start()
     try:
-        time.sleep(1.5)  # idle: the next poll is long away
+        # its LISTEN is up (a session of this database ran it and waits, idle) and its first
+        # claim found nothing: the next poll is 30 s away
+        _until(lambda: _rows(db, "SELECT count(*) FROM pg_stat_activity"
+                                 " WHERE datname = current_database() AND state = 'idle'"
+                                 " AND query = 'LISTEN outbox_event'") == [(1,)],
+               "the relay's LISTEN", gone=lambda: not thread.is_alive())
+        _until(lambda: relay.stats.rounds >= 1, "the relay's first claim",
+               gone=lambda: not thread.is_alive())
         writer = url.database()
         repo = OutboxRepository(writer)
         import outbox_lite.wake as wake
         wake.stop_listening_locally(wake.database_key(db), relay._bell)  # LISTEN only
         with writer.atomic():
             event = _event(repo, "k")
-        committed = time.monotonic()
-        while event.id not in published and time.monotonic() - committed < 10:
-            time.sleep(0.001)
+        _until(lambda: event.id in published, "the event's publish, well before the poll",
+               timeout=10.0, gone=lambda: not thread.is_alive())
         writer.close()
     finally:
         stop.set()
         thread.join(10)
-    assert event.id in published and published[event.id] - committed < 1.0
+    assert not thread.is_alive()
+    assert relay._bell.rings >= 1 and relay.stats.published == 1  # the LISTEN rang it
 
 
 class _Collect:
