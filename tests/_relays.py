@@ -4,8 +4,10 @@ business transactions that feed it, and an outage at a known batch."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +60,78 @@ def wait_for(condition, processes, timeout=60):
                 p.kill()
             pytest.fail("waited in vain: " + " | ".join(p.communicate()[1] for p in processes))
         time.sleep(0.01)
+
+
+class Watched:
+    """A relay process whose output is read as it comes, by threads of its own, so that a test
+    can wait for one of its lines (a progress line, a wake-up listener's) and still have the
+    whole of its stderr when it ends. ``poll`` and ``terminate`` are the process's."""
+
+    def __init__(self, process):
+        self.process = process
+        self.lines = []  # stderr, line by line
+        self._out = []
+        self._cond = threading.Condition()
+        self._readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
+                         for stream, into in ((process.stderr, self.lines),
+                                              (process.stdout, self._out))]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream, into):
+        for line in stream:
+            with self._cond:
+                into.append(line)
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def poll(self):
+        return self.process.poll()
+
+    def terminate(self):
+        self.process.terminate()
+
+    def wait_for_line(self, matches, what, timeout=60):
+        """The first stderr line for which ``matches(line)`` is true; fails (with the stderr
+        so far) after ``timeout`` s or when the process ends first."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            seen = 0
+            while True:
+                for line in self.lines[seen:]:
+                    if matches(line):
+                        return line
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._readers[0].is_alive():
+                    break
+                self._cond.wait(min(left, 0.5))
+        self.process.kill()
+        pytest.fail(f"waited in vain for {what}: " + "".join(self.lines))
+
+    def wait_for_rounds(self, count, timeout=60):
+        """Until a progress line says the relay has done at least ``count`` rounds (a line
+        comes after the wait that follows a round, once ``--progress-every`` has passed)."""
+        def enough(line):
+            found = _ROUNDS.search(line)
+            return found is not None and int(found[1]) >= count
+        self.wait_for_line(enough, f"a progress line of {count} rounds", timeout)
+
+    def finish(self, timeout=120):
+        """(status, stdout, stderr) once the process ends (within ``timeout`` s)."""
+        status = self.process.wait(timeout)
+        for reader in self._readers:
+            reader.join(timeout)
+        return status, "".join(self._out), "".join(self.lines)
+
+
+_ROUNDS = re.compile(r" in (\d+) rounds ")
+
+
+def watched_relay_process(db_url, *args, env=None, worker_id=None):
+    """:func:`relay_process`, :class:`Watched`."""
+    return Watched(relay_process(db_url, *args, env=env, worker_id=worker_id))
 
 
 class StopsServerBefore:

@@ -8,8 +8,8 @@ import json
 import logging
 import threading
 import time
+import urllib.request
 import uuid
-from pathlib import Path
 
 import nats
 import peewee as pw
@@ -22,8 +22,8 @@ from outbox_lite.relay import Relay
 
 from _brokers import SHARED_NATS
 from _helpers import FAMILY
-from _redis import SHARED_REDIS
-from _relays import finish, relay_process
+from _redis import SHARED_REDIS, free_port
+from _relays import finish, relay_process, watched_relay_process
 
 LONG = 30.0  # a poll pause no test waits out: what is published fast was woken
 SOURCES = {"redis": SHARED_REDIS, "nats": SHARED_NATS}
@@ -49,6 +49,31 @@ def _wait_published(fetch, ids, timeout, processes=()):
             return False
         time.sleep(0.002)
     return True
+
+
+def _until(condition, what, timeout=30.0, processes=()):
+    """Poll ``condition`` until it holds; fail after ``timeout`` s, or when one of
+    ``processes`` ended first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        ended = [p for p in processes if p.poll() is not None]
+        if time.monotonic() > deadline or ended:
+            pytest.fail(f"waited in vain for {what}" + (" (a relay ended)" if ended else ""))
+        time.sleep(0.01)
+
+
+def _subscribers(url, channel, monitor=None):
+    """How many subscriptions the wake-up server of ``url`` has on ``channel`` (Redis: PUBSUB
+    NUMSUB; NATS: its monitoring port ``monitor``'s /subsz)."""
+    if monitor is None:
+        client = redis.Redis.from_url(url)
+        try:
+            return int(client.pubsub_numsub(channel)[0][1])
+        finally:
+            client.close()
+    with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/subsz?subs=1", timeout=5) as r:
+        subscriptions = json.load(r).get("subscriptions_list") or []
+    return sum(1 for sub in subscriptions if sub["subject"] == channel)
 
 
 def _create(repo, n):
@@ -83,11 +108,11 @@ class _RelayThread:
 
 
 def _settle(relay, seconds):
-    """Wait until the relay's rounds stop coming (its pause has grown past ``seconds``)."""
-    rounds = -1
-    while relay.stats.rounds != rounds:
-        rounds = relay.stats.rounds
-        time.sleep(seconds)
+    """Wait until the relay waits out a pause with ``seconds`` or more of it left (its pause
+    has grown, doubling from 10 ms: a poll would come late). The loop's progress mark is set
+    to the end of the pause when it starts one (Relay._progress)."""
+    _until(lambda: relay._progress_at - time.monotonic() >= seconds,
+           f"a pause of {seconds} s or more", 60)
 
 
 # ---------------------------------------------------------------------------
@@ -179,14 +204,23 @@ def test_a_relay_in_the_same_process_wakes_without_any_server(db_url, db, fetch)
 
 @pytest.mark.parametrize("kind", ["redis", "nats"])
 def test_a_relay_in_another_process_wakes_through_the_server(kind, db_url, db, fetch,
-                                                             tmp_path):
-    url = SOURCES[kind]
+                                                             request):
+    if kind == "redis":
+        url, monitor = SHARED_REDIS, None
+    else:  # a NATS of the test's own, whose monitoring port shows the relay's subscription
+        monitor = free_port()
+        url = request.getfixturevalue("nats_server")("-m", str(monitor)).url
     # Redis's URL as the flag, NATS's from $OUTBOX_WAKE_URL
     flag, env = (["--wake-url", url], None) if kind == "redis" else ([], {"OUTBOX_WAKE_URL": url})
-    relay = relay_process(db_url, "--publisher", "_wake_publishers:accept_all", *flag,
-                          "--max-idle-pause", str(LONG), env=env)
+    relay = watched_relay_process(db_url, "--publisher", "_wake_publishers:accept_all", *flag,
+                                  "--max-idle-pause", str(LONG), env=env)
     try:
-        time.sleep(3)  # started, and its pause has grown to seconds: a poll would be late
+        channel = wake.channel_of(url, db_url.name)
+        _until(lambda: _subscribers(url, channel, monitor) == 1,
+               "the relay's subscription", 60, [relay])
+        # Its pauses double from 10 ms: after the 8th round's (1.28 s) it claims once more
+        # and then waits 2.56 s, 5.12 s …: a poll would be late.
+        relay.wait_for_rounds(8)
         repo = OutboxRepository(db, wake=url)
         delays = []
         for n in range(5):
@@ -197,7 +231,7 @@ def test_a_relay_in_another_process_wakes_through_the_server(kind, db_url, db, f
             time.sleep(0.1)
     finally:
         relay.terminate()
-        status, _, err = finish(relay, 30)
+        status, _, err = relay.finish(30)
     assert status == 0, err
     assert max(delays) < 0.5, delays
     assert "woken through" in err
@@ -211,8 +245,9 @@ def test_a_wake_up_before_the_commit_costs_the_event_little(db_url, fetch):
     client = redis.Redis.from_url(SHARED_REDIS)
     service = db_url.database()
     try:
-        _settle(relay.relay, 0.3)
         channel = wake.channel_of(SHARED_REDIS, db_url.name)
+        _until(lambda: _subscribers(SHARED_REDIS, channel) == 1, "the relay's subscription")
+        _settle(relay.relay, 0.3)
         delays = []
         for n, before_commit in enumerate((0.005, 0.02, 0.05)):
             with service.atomic():
@@ -244,9 +279,10 @@ def test_a_storm_of_rings_is_one_flag_not_a_queue(db_url):
     relay = _RelayThread(db_url, wake=SHARED_REDIS, max_idle_pause=LONG)
     client = redis.Redis.from_url(SHARED_REDIS)
     try:
+        channel = wake.channel_of(SHARED_REDIS, db_url.name)
+        _until(lambda: _subscribers(SHARED_REDIS, channel) == 1, "the relay's subscription")
         _settle(relay.relay, 0.3)
         rounds_before = relay.relay.stats.rounds
-        channel = wake.channel_of(SHARED_REDIS, db_url.name)
         sent = 0
         started = time.monotonic()
         while time.monotonic() - started < 2.0:
@@ -257,7 +293,7 @@ def test_a_storm_of_rings_is_one_flag_not_a_queue(db_url):
             sent += 200
             time.sleep(0.01)
         elapsed = time.monotonic() - started
-        time.sleep(0.2)
+        _until(lambda: relay.relay._bell.rings > sent * 0.9, "the rings to arrive")
         heard = relay.relay._bell.rings
         claims = relay.relay.stats.rounds - rounds_before
     finally:
@@ -275,10 +311,12 @@ def test_a_storm_of_rings_is_one_flag_not_a_queue(db_url):
 def test_a_lost_wake_up_loses_no_event_and_the_wake_up_comes_back(db_url, db, fetch,
                                                                   redis_server, caplog):
     server = redis_server()
-    relay = relay_process(db_url, "--publisher", "_wake_publishers:accept_all",
-                          "--wake-url", server.url, "--max-idle-pause", "1")
+    relay = watched_relay_process(db_url, "--publisher", "_wake_publishers:accept_all",
+                                  "--wake-url", server.url, "--max-idle-pause", "1")
+    channel = wake.channel_of(server.url, db_url.name)
     try:
-        time.sleep(2.5)
+        _until(lambda: _subscribers(server.url, channel) == 1, "the relay's subscription",
+               60, [relay])
         server.stop()  # our own redis-server, by its pid
         repo = OutboxRepository(db, wake=server.url)
         ids = []
@@ -295,10 +333,13 @@ def test_a_lost_wake_up_loses_no_event_and_the_wake_up_comes_back(db_url, db, fe
             while repo.wake.sent == 0 and time.monotonic() < deadline:
                 time.sleep(0.05)  # the sender sends the rings it held, once it is back
             assert repo.wake.sent >= 1
+        # the relay's listener is back too (its backoff is at most 5 s): it says so
+        relay.wait_for_line(lambda line: "wake-up listener" in line and "is back" in line,
+                            "the relay's listener to be back", 60)
+        assert _subscribers(server.url, channel) == 1
     finally:
-        time.sleep(6)  # the relay's listener is back too (its backoff is at most 5 s)
         relay.terminate()
-        status, _, err = finish(relay, 30)
+        status, _, err = relay.finish(30)
     assert status == 0, err
     assert err.count("wake-up listener") == 2, err  # failed once, back once
     assert "is back" in err
