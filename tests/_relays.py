@@ -64,8 +64,9 @@ def wait_for(condition, processes, timeout=60):
 
 class Watched:
     """A relay process whose output is read as it comes, by threads of its own, so that a test
-    can wait for one of its lines (a progress line, a wake-up listener's) and still have the
-    whole of its stderr when it ends. ``poll`` and ``terminate`` are the process's."""
+    can wait for one of its lines (a progress line, a signal's, a wake-up listener's) and
+    still have the whole of its stderr when it ends: :func:`finish` and :func:`wait_for` take
+    it as they take the process."""
 
     def __init__(self, process):
         self.process = process
@@ -89,8 +90,25 @@ class Watched:
     def poll(self):
         return self.process.poll()
 
+    @property
+    def returncode(self):
+        return self.process.returncode
+
     def terminate(self):
         self.process.terminate()
+
+    def kill(self):
+        self.process.kill()
+
+    def send_signal(self, signum):
+        self.process.send_signal(signum)
+
+    def communicate(self, timeout=None):
+        """(stdout, stderr) once the process ends, as Popen's."""
+        self.process.wait(timeout)
+        for reader in self._readers:
+            reader.join(timeout)
+        return "".join(self._out), "".join(self.lines)
 
     def wait_for_line(self, matches, what, timeout=60):
         """The first stderr line for which ``matches(line)`` is true; fails (with the stderr
@@ -117,13 +135,6 @@ class Watched:
             found = _ROUNDS.search(line)
             return found is not None and int(found[1]) >= count
         self.wait_for_line(enough, f"a progress line of {count} rounds", timeout)
-
-    def finish(self, timeout=120):
-        """(status, stdout, stderr) once the process ends (within ``timeout`` s)."""
-        status = self.process.wait(timeout)
-        for reader in self._readers:
-            reader.join(timeout)
-        return status, "".join(self._out), "".join(self.lines)
 
 
 _ROUNDS = re.compile(r" in (\d+) rounds ")

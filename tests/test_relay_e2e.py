@@ -28,6 +28,7 @@ from _relays import finish as _finish
 from _relays import orders as _orders
 from _relays import relay_process as _relay_process
 from _relays import wait_for as _wait_for
+from _relays import watched_relay_process
 
 
 
@@ -136,7 +137,10 @@ def test_redis_stopped_mid_run_delays_but_loses_nothing(db, clock, fetch, redis_
     outage_published = {r["id"] for r in fetch(
         "SELECT id FROM outbox_event WHERE status = 'published'")}
     assert len(outage_published) == 100  # the five batches before the outage
-    time.sleep(0.3)  # the outage lasts: the relay waits for Redis and claims nothing
+    # the outage lasts: the relay waits for Redis (its pings fail) and claims nothing
+    while publisher.failed_pings < 3:
+        assert time.monotonic() < deadline and worker.is_alive()
+        time.sleep(0.01)
     assert {r["id"] for r in fetch(
         "SELECT id FROM outbox_event WHERE status = 'published'")} == outage_published
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'processing'") == [
@@ -163,8 +167,8 @@ def _relay_inside_a_publish(db, db_url, repo, gate: Path):
     """30 events, and a relay (batches of 10) whose first publish waits until ``gate/go``
     exists; returned once that publish has begun."""
     _orders(db, repo, 30)
-    relay = _relay_process(db_url, "--publisher", "_relay_publishers:gated", "--batch-size",
-                           "10", env={"OUTBOX_TEST_GATE": str(gate)})
+    relay = watched_relay_process(db_url, "--publisher", "_relay_publishers:gated",
+                                  "--batch-size", "10", env={"OUTBOX_TEST_GATE": str(gate)})
     _wait_for((gate / "entered").exists, [relay])
     return relay
 
@@ -173,7 +177,9 @@ def test_sigterm_during_a_publish_records_the_batch_in_hand_then_exits(
         db, db_url, repo, fetch, tmp_path):
     relay = _relay_inside_a_publish(db, db_url, repo, tmp_path)
     relay.send_signal(signal.SIGTERM)
-    time.sleep(0.2)  # the signal arrives while the publish is still running
+    # the signal arrived while the publish is still running: the relay says so
+    relay.wait_for_line(lambda line: "SIGTERM: stopping after the batch" in line,
+                        "the relay's answer to SIGTERM")
     (tmp_path / "go").write_text("go")
     code, _, err = _finish(relay, timeout=60)
     assert code == 0, err
@@ -189,7 +195,8 @@ def test_a_second_sigint_stops_at_once_leaving_the_claims_to_expire(
         db, db_url, repo, fetch, tmp_path):
     relay = _relay_inside_a_publish(db, db_url, repo, tmp_path)
     relay.send_signal(signal.SIGINT)
-    time.sleep(0.2)
+    relay.wait_for_line(lambda line: "SIGINT: stopping after the batch" in line,
+                        "the relay's answer to the first SIGINT")
     relay.send_signal(signal.SIGINT)
     code, _, err = _finish(relay, timeout=30)
     assert code == 130, err

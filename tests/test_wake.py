@@ -231,7 +231,7 @@ def test_a_relay_in_another_process_wakes_through_the_server(kind, db_url, db, f
             time.sleep(0.1)
     finally:
         relay.terminate()
-        status, _, err = relay.finish(30)
+        status, _, err = finish(relay, 30)
     assert status == 0, err
     assert max(delays) < 0.5, delays
     assert "woken through" in err
@@ -339,7 +339,7 @@ def test_a_lost_wake_up_loses_no_event_and_the_wake_up_comes_back(db_url, db, fe
         assert _subscribers(server.url, channel) == 1
     finally:
         relay.terminate()
-        status, _, err = relay.finish(30)
+        status, _, err = finish(relay, 30)
     assert status == 0, err
     assert err.count("wake-up listener") == 2, err  # failed once, back once
     assert "is back" in err
