@@ -20,13 +20,11 @@ from outbox_lite import InvalidEventError, OutboxRepository
 from outbox_lite import wake
 from outbox_lite.relay import Relay
 
-from _brokers import SHARED_NATS
 from _helpers import FAMILY
 from _redis import SHARED_REDIS, free_port
 from _relays import finish, relay_process, watched_relay_process
 
 LONG = 30.0  # a poll pause no test waits out: what is published fast was woken
-SOURCES = {"redis": SHARED_REDIS, "nats": SHARED_NATS}
 
 
 class _AcceptAll:
