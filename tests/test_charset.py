@@ -16,13 +16,15 @@ encoding (UTF8, as ``outbox-lite migrate`` creates it) and round-trips them exac
 
 from __future__ import annotations
 
+import dataclasses
+
 import peewee as pw
 import pytest
 
 from outbox_lite import OutboxRepository
 from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
 
-from _helpers import FAMILY, capture_sql
+from _helpers import FAMILY, capture_sql, driver_of
 
 ROCKET = "🚀"  # U+1F680: four bytes in UTF-8
 PEEWEE_MAJOR = int(pw.__version__.split(".")[0])
@@ -38,15 +40,19 @@ def _peewee_default(db_url, **options):
                             password=db_url.password, **options)
 
 
-#: The connection encodings that cannot hold every character, per family.
+#: The connection encodings that cannot hold every character, per family; on PostgreSQL
+#: through each driver (psycopg 3 hands SQL_ASCII's text back as bytes, psycopg2 as str).
 NOT_UTF8 = {"mysql": ["utf8", "utf8mb3", "latin1"],
-            "postgresql": ["LATIN1", "WIN1252", "SQL_ASCII"]}[FAMILY.name]
+            "postgresql": [f"{encoding}-{driver}" for driver in ("psycopg", "psycopg2")
+                           for encoding in ("LATIN1", "WIN1252", "SQL_ASCII")]}[FAMILY.name]
 
 
 @pytest.mark.parametrize("charset", NOT_UTF8)
 def test_a_database_without_utf8mb4_is_refused_before_any_sql(db_url, fetch, charset):
     if FAMILY.name == "postgresql":
-        database = _peewee_default(db_url, client_encoding=charset)
+        charset, driver = charset.split("-")
+        url = dataclasses.replace(db_url, options=(("driver", driver),))
+        database = url.database(client_encoding=charset)
         repo = OutboxRepository(database)  # nothing asked yet: no statement, no connection
         assert database.is_closed()
         with capture_sql(database) as statements, pytest.raises(ValueError) as caught:
@@ -59,6 +65,7 @@ def test_a_database_without_utf8mb4_is_refused_before_any_sql(db_url, fetch, cha
         # BEGIN, the session question (which answers the encodings), then the ROLLBACK.
         assert [sql.split()[0] for sql, _ in statements] == ["BEGIN", "SELECT", "ROLLBACK"]
         assert "client_encoding" in statements[1][0]
+        assert driver_of(database) == driver
         database.close()
         assert fetch("SELECT COUNT(*) AS n FROM outbox_event")[0]["n"] == 0
         return
