@@ -699,3 +699,45 @@ def run_threads(count: int, target: Callable[[int], Any], database: Any = None,
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     return results, errors
+
+
+# --- pg-server ---
+# What the server-specific tests (autocommit, packet limit, charset, spy, plans …) ask a server
+# of either family past the library: committed state on a connection of their own, and how a
+# session's transaction stands.
+
+def committed(url: DatabaseUrl, sql: str, *params: Any) -> list[dict[str, Any]]:
+    """Run ``sql`` on a new connection to ``url``'s database that commits each statement
+    (MySQL: ``SET autocommit = 1`` first, whatever the server's default and the handshake
+    say; PostgreSQL: the driver's autocommit, Peewee's), rows as dicts, JSON as text."""
+    database = url.database()
+    try:
+        FAMILY.json_as_text(database.connection())
+        if FAMILY.name == "mysql":
+            database.execute_sql("SET autocommit = 1")
+        return rows_of(database.execute_sql(sql, params))
+    finally:
+        database.close()
+
+
+def transaction_state(fetch: Callable[..., list[dict[str, Any]]], session: int) -> str:
+    """Whether ``session`` (a MySQL connection id, a PostgreSQL backend pid) has a transaction
+    open now, asked from another session: ``"idle"`` or ``"in transaction"``. MySQL: a row
+    in INNODB_TRX (a transaction that has read or written InnoDB); PostgreSQL: its
+    pg_stat_activity state (``idle in transaction``, aborted or not)."""
+    if FAMILY.name == "mysql":
+        rows = fetch("SELECT COUNT(*) AS n FROM information_schema.INNODB_TRX"
+                     " WHERE trx_mysql_thread_id = %s", session)
+        return "in transaction" if int(rows[0]["n"]) else "idle"
+    [row] = fetch("SELECT state FROM pg_stat_activity WHERE pid = %s", session)
+    return "in transaction" if row["state"].startswith("idle in transaction") else (
+        str(row["state"]))
+
+
+def sqlstate_or_errno(fn: Callable[[], Any]) -> Any:
+    """The server's error code (MySQL errno, PostgreSQL SQLSTATE) of what ``fn()`` raises."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the code is the answer
+        return FAMILY.error_code(exc)
+    raise AssertionError("no error")

@@ -10,6 +10,15 @@ truth, and PyMySQL turns autocommit on itself. The other server-wide way to make
 defeats PyMySQL on both: so the library is used through an ordinary account, as a service
 connects, with ``init_connect`` set, and on MariaDB with the global default back on (with both,
 MariaDB's handshake says off and PyMySQL's own SET runs after ``init_connect``).
+
+PostgreSQL has no autocommit on the server (``SHOW autocommit`` is 42704, no such setting):
+every session commits each statement unless it says BEGIN, and Peewee's connections are
+autocommit on the driver's side. What the server can do to a transaction a session leaves open
+is end it: the private server there runs with ``idle_in_transaction_session_timeout`` (server-
+wide), so a transaction the library left behind would be ended, its writes lost. The tests state
+that the server has it, that a library statement outside the caller's transaction leaves the
+session ``idle`` (pg_stat_activity, asked from another session, not timed), and that every change
+is seen by another session at once, as on MySQL.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-import pymysql
+import peewee as pw
 import pytest
 
 from outbox_lite import OutboxRepository
@@ -29,7 +38,11 @@ from outbox_lite.cli import main
 from outbox_lite.relay import Relay
 
 from _servers import own_server
-from _helpers import QuietPooledMySQLDatabase
+from _helpers import FAMILY, committed, sqlstate_or_errno, transaction_state
+
+#: PostgreSQL's server-wide setting of the private server: a session idle in a transaction this
+#: long is ended by the server (never reached by a test: each asks the session's state instead).
+IDLE_TIMEOUT = "30s"
 
 PASSWORD = "autocommit-off-pw"
 SERVICE = "outbox_service"
@@ -43,22 +56,18 @@ class Private:
         self.root = root
         #: (handshake flag, session autocommit) for root, raw and through PyMySQL's
         #: autocommit=True, read before init_connect was set.
-        self.root_answers = (_answers(root, autocommit=None), _answers(root, autocommit=True))
+        self.root_answers = (_answers(root, autocommit=None), _answers(root, autocommit=True)
+                             ) if FAMILY.name == "mysql" else None
         self.service = DatabaseUrl.parse(
-            f"mysql://{SERVICE}:{PASSWORD}@{root.host}:{root.port}/{root.name}")
+            f"{FAMILY.SCHEME}://{SERVICE}:{PASSWORD}@{root.host}:{root.port}/{root.name}")
 
     def look(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         """Committed state, read on a new root connection in autocommit (set explicitly:
         MySQL's root session would start with it off)."""
-        conn = self.root.server_connection()
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SET autocommit = 1")
-                cur.execute(f"USE `{self.root.name}`")
-                cur.execute(sql, params)
-                return list(cur.fetchall())
-        finally:
-            conn.close()
+        return [tuple(row.values()) for row in committed(self.root, sql, *params)]
+
+    def fetch(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+        return committed(self.root, sql, *params)
 
     def statuses(self) -> dict[int, str]:
         return dict(self.look("SELECT id, status FROM outbox_event"))  # type: ignore[arg-type]
@@ -66,6 +75,21 @@ class Private:
 
 @pytest.fixture(scope="module")
 def private(server: Any) -> Iterator[Private]:
+    if FAMILY.name == "postgresql":
+        with own_server(idle_in_transaction_session_timeout=IDLE_TIMEOUT) as root:
+            root.create_database()
+            setup = root.database()
+            schema.migrate(setup)
+            # CREATE ROLE takes no parameters: the server quotes the password (format's %L).
+            (create_role,) = setup.execute_sql("SELECT format('CREATE ROLE %%I LOGIN PASSWORD"
+                                               " %%L', %s::text, %s::text)",
+                                               (SERVICE, PASSWORD)).fetchone()
+            setup.execute_sql(create_role)
+            for kind in ("TABLES", "SEQUENCES"):
+                setup.execute_sql(f"GRANT ALL ON ALL {kind} IN SCHEMA public TO {SERVICE}")
+            setup.close()
+            yield Private(root)
+        return
     with own_server(autocommit=0) as root:
         private = Private(root)
         root.create_database()
@@ -104,6 +128,8 @@ def _events(database: Any, repo: OutboxRepository, count: int) -> list[int]:
 
 def _answers(url: DatabaseUrl, **connect: Any) -> tuple[bool, int]:
     """(the handshake's autocommit flag, the session's @@autocommit) for a new connection."""
+    import pymysql  # MySQL's driver: asked of a MySQL server only
+
     conn = pymysql.connect(host=url.host, port=url.port, user=url.user,
                            password=url.password, **connect)
     try:
@@ -115,7 +141,26 @@ def _answers(url: DatabaseUrl, **connect: Any) -> tuple[bool, int]:
         conn.close()
 
 
+def _idle(private: Private, database: Any) -> str:
+    """How the session of ``database`` (this thread's connection) stands, asked by root."""
+    return transaction_state(private.fetch, FAMILY.session_id(database))
+
+
 def test_what_each_server_answers_and_what_the_library_makes_of_it(private, service, server):
+    if FAMILY.name == "postgresql":
+        # No autocommit on the server; the setting that ends an open transaction is there.
+        assert sqlstate_or_errno(lambda: private.look("SHOW autocommit")) == "42704"
+        assert private.look("SELECT current_setting('idle_in_transaction_session_timeout')"
+                            ) == [(IDLE_TIMEOUT,)]
+        assert service.connection().autocommit is True  # Peewee's, on the driver's side
+        repo = OutboxRepository(service)
+        repo.stats()
+        assert _idle(private, service) == "idle"
+        with service.atomic():  # what the check sees when a transaction is open
+            service.execute_sql("SELECT 1")
+            assert _idle(private, service) == "in transaction"
+        assert _idle(private, service) == "idle"
+        return
     # --autocommit=0, root (init_connect does not run for administrators):
     if server.is_mariadb:  # the handshake says it is off, so PyMySQL turns it on
         assert private.root_answers == ((False, 0), (True, 1))
@@ -130,7 +175,10 @@ def test_what_each_server_answers_and_what_the_library_makes_of_it(private, serv
 
 
 def _session_autocommit(database: Any) -> int:
-    """The session's autocommit as the driver left it, read past the library."""
+    """The session's autocommit as the driver left it, read past the library (PostgreSQL:
+    the driver's, the only one there is)."""
+    if FAMILY.name == "postgresql":
+        return int(database.connection().autocommit)
     with database.connection().cursor() as cur:
         cur.execute("SELECT @@SESSION.autocommit")
         return int(cur.fetchone()[0])
@@ -148,12 +196,14 @@ def test_single_row_methods_commit_and_say_so_once(private, service, caplog):
         assert repo.mark_processing(second, "w1")
         assert repo.mark_failed(second, "w1", "boom", "it broke", retryable=False)
         assert repo.requeue_failed([second]) == 1
+    assert _idle(private, service) == "idle"  # nothing left open on the service's session
     # Another session sees each change at once, before this connection is closed ...
     assert private.statuses() == {first: "published", second: "pending", third: "pending"}
     service.close()  # ... and after (a session's open transaction would roll back here)
     assert private.statuses() == {first: "published", second: "pending", third: "pending"}
     assert private.look("SELECT published_at IS NOT NULL, locked_by FROM outbox_event"
-                        " WHERE id = %s", first) == [(1, None)]
+                        " WHERE id = %s", first) == [(1 if FAMILY.name == "mysql" else True,
+                                                       None)]
     warnings = [r.getMessage() for r in caplog.records if "autocommit" in r.getMessage()]
     assert len(warnings) == (1 if started_off else 0), warnings  # once per database
     if started_off:
@@ -162,7 +212,7 @@ def test_single_row_methods_commit_and_say_so_once(private, service, caplog):
 
 
 def test_every_pooled_connection_commits(private, service):
-    pool = private.service.database(QuietPooledMySQLDatabase, max_connections=2)
+    pool = private.service.database(FAMILY.pooled_class(), max_connections=2)
     repo = OutboxRepository(pool)
     ids = _events(pool, repo, 4)
     pool.close()
@@ -174,6 +224,7 @@ def test_every_pooled_connection_commits(private, service):
             barrier.wait()  # both threads hold a connection of their own at once
             for event_id in pair:
                 assert repo.mark_processing(event_id, "w") and repo.mark_published(event_id, "w")
+            assert _idle(private, pool) == "idle"
             pool.close()  # back to the pool, and out again on the next round
             for event_id in pair:
                 assert repo.mark_published(event_id, "w") is False  # fenced: published
@@ -197,7 +248,8 @@ def test_cli_requeue_and_purge_change_the_rows(private, service, capsys):
                  " WHERE id = %s", dead)
     private.look("UPDATE outbox_event SET status = 'published', published_at = %s"
                  " WHERE id IN (%s, %s)", "2020-01-01 00:00:00", old, young)
-    private.look("UPDATE outbox_event SET published_at = NOW(6) WHERE id = %s", young)
+    private.look(f"UPDATE outbox_event SET published_at = {FAMILY.UTC_NOW} WHERE id = %s",
+                 young)
     url = private.service.secret_text()
     assert main(["dead-letters", "--requeue", "--all", "--database-url", url]) == 0
     assert main(["purge", "--older-than", "30d", "--database-url", url]) == 0
@@ -249,19 +301,18 @@ class _WaitForRenewal:
         deadline = time.monotonic() + 10
         while self.relay.stats.renewals < 1 and time.monotonic() < deadline:
             time.sleep(0.01)  # waits for the heartbeat's event, not for time to pass
-        conn = self.private.root.server_connection()
+        database = self.private.root.database()
         try:
-            with conn.cursor() as cur:
-                cur.execute("SET autocommit = 0")
-                cur.execute("SET SESSION innodb_lock_wait_timeout = 1")
+            FAMILY.limit_lock_waits(database, 1)
+            with database.atomic() as txn:
                 try:
-                    cur.execute(f"SELECT id FROM `{self.private.root.name}`.outbox_event"
-                                " WHERE id = %s FOR UPDATE", (events[0].id,))
-                except pymysql.MySQLError as exc:  # 1205: the heartbeat's session holds it
+                    database.execute_sql("SELECT id FROM outbox_event WHERE id = %s FOR UPDATE",
+                                         (events[0].id,))
+                except pw.DatabaseError as exc:  # 1205 / 55P03: the heartbeat's session holds it
                     self.locked_after_renewal.append(str(exc))
-                conn.rollback()
+                txn.rollback()
         finally:
-            conn.close()
+            database.close()
         return {}
 
     def close(self) -> None:

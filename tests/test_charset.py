@@ -4,9 +4,19 @@ A 3-byte ``utf8`` connection (Peewee 3's default) makes the server store a 4-byt
 '?' without an error, and MySQL hands JSON back through it too, so it loses on reading as well.
 The repository therefore refuses such a database when it is made, and a utf8mb4 connection
 (Peewee 4's default) round-trips them exactly in every text column.
+
+PostgreSQL has no 3-byte UTF-8: its UTF8 encoding is whole. What loses characters there is a
+database or a connection (``client_encoding``) of another encoding: LATIN1 or WIN1252 refuse
+most characters (22P05), SQL_ASCII stores bytes unchecked and the driver hands them back as
+bytes. The encodings are asked with the library's one question about the session (no check is
+possible before connecting), so such a database is refused at its first use, after that one
+statement and before anything is written; a default Peewee connection speaks the database's
+encoding (UTF8, as ``outbox-lite migrate`` creates it) and round-trips them exactly.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import peewee as pw
 import pytest
@@ -14,20 +24,51 @@ import pytest
 from outbox_lite import OutboxRepository
 from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
 
-from _helpers import capture_sql
+from _helpers import FAMILY, capture_sql, driver_of
 
 ROCKET = "🚀"  # U+1F680: four bytes in UTF-8
 PEEWEE_MAJOR = int(pw.__version__.split(".")[0])
 
 
 def _peewee_default(db_url, **options):
-    """The database a Peewee user makes without naming a charset."""
+    """The database a Peewee user makes without naming a charset (on PostgreSQL: an
+    encoding), with the family's own Peewee class and driver."""
+    if FAMILY.name == "postgresql":
+        return pw.PostgresqlDatabase(db_url.name, host=db_url.host, port=db_url.port,
+                                     user=db_url.user, password=db_url.password, **options)
     return pw.MySQLDatabase(db_url.name, host=db_url.host, port=db_url.port, user=db_url.user,
                             password=db_url.password, **options)
 
 
-@pytest.mark.parametrize("charset", ["utf8", "utf8mb3", "latin1"])
+#: The connection encodings that cannot hold every character, per family; on PostgreSQL
+#: through each driver (psycopg 3 hands SQL_ASCII's text back as bytes, psycopg2 as str).
+NOT_UTF8 = {"mysql": ["utf8", "utf8mb3", "latin1"],
+            "postgresql": [f"{encoding}-{driver}" for driver in ("psycopg", "psycopg2")
+                           for encoding in ("LATIN1", "WIN1252", "SQL_ASCII")]}[FAMILY.name]
+
+
+@pytest.mark.parametrize("charset", NOT_UTF8)
 def test_a_database_without_utf8mb4_is_refused_before_any_sql(db_url, fetch, charset):
+    if FAMILY.name == "postgresql":
+        charset, driver = charset.split("-")
+        url = dataclasses.replace(db_url, options=(("driver", driver),))
+        database = url.database(client_encoding=charset)
+        repo = OutboxRepository(database)  # nothing asked yet: no statement, no connection
+        assert database.is_closed()
+        with capture_sql(database) as statements, pytest.raises(ValueError) as caught:
+            with database.atomic():
+                repo.create_in_transaction(event_type="t", aggregate_type="a",
+                                           aggregate_id=ROCKET, payload={"t": ROCKET})
+        message = str(caught.value)
+        assert message.startswith(f"the connection's encoding is {charset}, not UTF8"), message
+        assert "\n" not in message
+        # BEGIN, the session question (which answers the encodings), then the ROLLBACK.
+        assert [sql.split()[0] for sql, _ in statements] == ["BEGIN", "SELECT", "ROLLBACK"]
+        assert "client_encoding" in statements[1][0]
+        assert driver_of(database) == driver
+        database.close()
+        assert fetch("SELECT COUNT(*) AS n FROM outbox_event")[0]["n"] == 0
+        return
     database = _peewee_default(db_url, charset=charset)
     with capture_sql(database) as statements, pytest.raises(ValueError) as caught:
         OutboxRepository(database)
@@ -41,7 +82,18 @@ def test_a_database_without_utf8mb4_is_refused_before_any_sql(db_url, fetch, cha
 def test_peewee_default_connection_is_exact_or_refused_by_line(db_url, fetch):
     """Peewee 4 connects with utf8mb4 and round-trips; Peewee 3's utf8 is refused at once."""
     database = _peewee_default(db_url)
-    if PEEWEE_MAJOR >= 4:
+    if FAMILY.name == "postgresql":  # the connection speaks the database's encoding
+        repo = OutboxRepository(database)
+        with database.atomic():
+            event = repo.create_in_transaction(event_type="job.created", aggregate_type="ai_job",
+                                               aggregate_id=ROCKET, payload={"text": ROCKET})
+        assert database.execute_sql("SELECT current_setting('client_encoding'),"
+                                    " current_setting('server_encoding')").fetchone() == (
+            "UTF8", "UTF8")
+        [row] = fetch("SELECT aggregate_id, payload FROM outbox_event WHERE id = %s", event.id)
+        assert row["aggregate_id"] == ROCKET and ROCKET in row["payload"]
+        database.close()
+    elif PEEWEE_MAJOR >= 4:
         assert database.connect_params["charset"] == "utf8mb4"
         repo = OutboxRepository(database)
         with database.atomic():
@@ -61,7 +113,8 @@ def test_four_byte_characters_round_trip_in_every_text_column(db_url, fetch):
     """Written and read through the repository on a utf8mb4 connection, and checked on a
     connection of the test's own: nothing became '?'."""
     database = QuietMySQLDatabase(db_url.name, host=db_url.host, port=db_url.port,
-                                  user=db_url.user, password=db_url.password, charset="utf8mb4")
+                                  user=db_url.user, password=db_url.password, charset="utf8mb4"
+                                  ) if FAMILY.name == "mysql" else db_url.database()
     repo = OutboxRepository(database)
     text = f"{ROCKET} 𝄞 漢字 ü"
     with database.atomic():

@@ -19,6 +19,29 @@ PAIRS = [("Order-1", "order-1"), ("cafe", "café"), ("straße", "strasse"), ("A1
          ("user-😀", "user-🍕")]
 
 
+def test_what_each_server_answers_for_the_pairs(fetch):
+    """Asked of the server itself: MySQL and MariaDB take every pair for one value under
+    utf8mb4_unicode_ci (the columns' collation before 005) and two under utf8mb4_bin;
+    PostgreSQL takes them for two under the database's default collation and under "C", both
+    deterministic (its catalog says so)."""
+    for first, second in PAIRS:
+        if FAMILY.name == "mysql":
+            [row] = fetch("SELECT CONVERT(%s USING utf8mb4) COLLATE utf8mb4_unicode_ci"
+                          " = CONVERT(%s USING utf8mb4) AS loose,"
+                          " CONVERT(%s USING utf8mb4) COLLATE utf8mb4_bin"
+                          " = CONVERT(%s USING utf8mb4) AS exact", first, second, first, second)
+            assert (row["loose"], row["exact"]) == (1, 0), (first, second)
+        else:
+            [row] = fetch("SELECT %s::text = %s::text AS loose,"
+                          " %s::text COLLATE \"C\" = %s::text AS exact",
+                          first, second, first, second)
+            assert (row["loose"], row["exact"]) == (False, False), (first, second)
+    if FAMILY.name == "postgresql":
+        assert fetch("SELECT collname AS name, collisdeterministic AS exact FROM pg_collation"
+                     " WHERE collname IN ('default', 'C') ORDER BY collname") == [
+            {"name": "C", "exact": True}, {"name": "default", "exact": True}]
+
+
 @pytest.mark.parametrize("first, second", PAIRS)
 def test_ids_one_collation_would_confuse_are_distinct_aggregates(repo, db, fetch, first,
                                                                   second):

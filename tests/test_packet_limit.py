@@ -6,6 +6,13 @@ The limit is server-wide, so these tests run on one private server of the test s
 started with ``max_allowed_packet=65536`` (64 KiB), for the whole module. A row larger than that
 is stored as a deployment would have stored it: while the limit was higher (``SET GLOBAL``, on
 the private server only), then the limit is lowered again.
+
+PostgreSQL has no ``max_allowed_packet`` (``SHOW max_allowed_packet`` is 42704, no such
+setting): it takes a statement of any size and a text or json value up to 1 GB (less one byte;
+beyond it 54000, program_limit_exceeded), and gives a value back whole. There the tests run on
+the shared server (nothing server-wide to set) and state that the library's own
+``max_payload_bytes`` (1 MiB by default) is the only bound, to the byte, and that a large stored
+payload is read back as it was written, as MariaDB does.
 """
 
 from __future__ import annotations
@@ -20,30 +27,40 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import peewee as pw
-import pymysql
 import pytest
 
 from outbox_lite import OutboxRepository, PayloadError
 from outbox_lite import _sql as sql
 from outbox_lite import migrate as schema
 from outbox_lite._db import DatabaseUrl
+from outbox_lite.payload import DEFAULT_MAX_PAYLOAD_BYTES
 
-from _helpers import FAMILY, capture_sql
+from _helpers import FAMILY, TEST_URL, capture_sql, committed, sqlstate_or_errno
 from _redis import SHARED_REDIS
 from _servers import own_server
 
 LIMIT = 65_536
 _names = itertools.count()
+#: Whether the server has a packet limit at all (MySQL and MariaDB); PostgreSQL has none.
+PACKETS = FAMILY.name == "mysql"
 
 
 @pytest.fixture(scope="module")
 def small_packet_server() -> Iterator[DatabaseUrl]:
+    """MySQL and MariaDB: a private server at 64 KiB. PostgreSQL: the shared one (no limit
+    to set)."""
+    if not PACKETS:
+        yield TEST_URL
+        return
     with own_server(max_allowed_packet=LIMIT) as url:
         yield url
 
 
 def _set_limit(url: DatabaseUrl, size: int) -> None:
-    """The private server's global limit; connections opened afterwards take it."""
+    """The private server's global limit; connections opened afterwards take it (PostgreSQL:
+    there is none)."""
+    if not PACKETS:
+        return
     conn = url.server_connection()
     try:
         with conn.cursor() as cur:
@@ -66,14 +83,7 @@ def packet_url(small_packet_server: DatabaseUrl) -> Iterator[DatabaseUrl]:
 
 
 def _fetch(url: DatabaseUrl, statement: str, *params: Any) -> list[dict[str, Any]]:
-    conn = pymysql.connect(host=url.host, port=url.port, user=url.user, database=url.name,
-                           autocommit=True, cursorclass=pymysql.cursors.DictCursor)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(statement, params)
-            return list(cur.fetchall())
-    finally:
-        conn.close()
+    return committed(url, statement, *params)
 
 
 def _create(repo: OutboxRepository, payload: Any, aggregate_id: str = "1",
@@ -90,6 +100,27 @@ def _create(repo: OutboxRepository, payload: Any, aggregate_id: str = "1",
 def test_a_payload_over_the_servers_packet_is_a_payload_error_before_any_sql(packet_url):
     database = packet_url.database()
     repo = OutboxRepository(database)
+    if not PACKETS:  # no packet limit: 100 KB is stored; over max_payload_bytes is refused
+        assert sqlstate_or_errno(lambda: database.execute_sql("SHOW max_allowed_packet")
+                                 ) == "42704"
+        database.close()
+        with database.atomic():
+            _create(repo, {"n": 1}, dedupe_key="before")
+            with capture_sql(database) as statements:
+                _create(repo, {"blob": "x" * 100_000}, dedupe_key="big")
+                with pytest.raises(PayloadError, match=(
+                        rf"payload is {DEFAULT_MAX_PAYLOAD_BYTES + 1} bytes of JSON; the limit"
+                        rf" is {DEFAULT_MAX_PAYLOAD_BYTES}$")):
+                    _create(repo, {"blob": "x" * (DEFAULT_MAX_PAYLOAD_BYTES - 10)},
+                            dedupe_key="too-big")
+            assert [sql.split()[0] for sql, _ in statements] == ["INSERT"]  # the 100 KB one
+            _create(repo, {"n": 2}, dedupe_key="after")  # the transaction goes on
+        database.close()
+        rows = _fetch(packet_url, "SELECT dedupe_key, length(payload::text) AS size"
+                                  " FROM outbox_event ORDER BY id")
+        assert [(r["dedupe_key"], r["size"]) for r in rows] == [
+            ("before", 7), ("big", 100_011), ("after", 7)]
+        return
     with database.atomic():
         _create(repo, {"n": 1}, dedupe_key="before")
         with capture_sql(database) as statements:
@@ -117,7 +148,8 @@ def test_the_limit_is_the_servers_own_to_the_byte(packet_url):
             return False
         return True
 
-    low, high = 1_000, LIMIT  # accepted(low), not accepted(high)
+    # accepted(low), not accepted(high); PostgreSQL: the library's bound, 1 MiB
+    low, high = 1_000, LIMIT if PACKETS else DEFAULT_MAX_PAYLOAD_BYTES
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if accepted(middle) else (low, middle)
@@ -127,6 +159,22 @@ def test_the_limit_is_the_servers_own_to_the_byte(packet_url):
         [event] = repo.claim_batch("w", limit=10)
     assert event.payload == {"b": "x" * low}
     database.close()
+    if not PACKETS:
+        # To the byte: the JSON text {"b":"…"} is max_payload_bytes long. The server itself
+        # takes the one byte more, sent around the library; what it refuses is a value over
+        # 1 GB (asked without building one: repeat() checks the size first).
+        assert low + len('{"b":""}') == DEFAULT_MAX_PAYLOAD_BYTES
+        _fetch(packet_url, "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
+                           " dedupe_key, payload, available_at, created_at, updated_at) VALUES"
+                           " ('t', 'a', '1', 'raw', %s, now(), now(), now())",
+               json.dumps({"b": "x" * high}, separators=(",", ":")))
+        assert [r["size"] for r in _fetch(packet_url, "SELECT length(payload::text) AS size"
+                                          " FROM outbox_event ORDER BY id")] == [
+            DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_PAYLOAD_BYTES + 1]
+        assert sqlstate_or_errno(lambda: _fetch(
+            packet_url, "SELECT length(repeat('x', %s))", 2 ** 30 - 4)) == "54000"
+        return
+    import pymysql  # the refused statement, as MySQL's driver sends it
     # The refused one, sent as PyMySQL would have sent it: exactly one byte too many.
     now = dt.datetime(2026, 1, 1, 12, 0, 0, 123456)
     params = ("job.created", "job", "1", "egde", json.dumps({"b": "x" * high},
@@ -146,8 +194,24 @@ def test_a_payload_mysql_could_store_but_never_give_back_is_refused_on_mysql(pac
                                                                               server):
     """12,000 ``true``s are 60,001 bytes of JSON, which the server takes; MySQL writes them
     back as 72,000 bytes (``true, true, …``), more than the limit, and answers an empty
-    string (warning 1301). MariaDB gives the text back as stored."""
+    string (warning 1301). MariaDB gives the text back as stored, and so does PostgreSQL
+    (its json type keeps the text)."""
     payload = [True] * 12_000
+    if not PACKETS:
+        text = json.dumps(payload, separators=(",", ":"))
+        _fetch(packet_url, "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
+                           " dedupe_key, payload, available_at, created_at, updated_at) VALUES"
+                           " ('t', 'a', '1', 'raw', %s, now(), now(), now())", text)
+        assert _fetch(packet_url, "SELECT payload FROM outbox_event") == [{"payload": text}]
+        _fetch(packet_url, "DELETE FROM outbox_event")
+        database = packet_url.database()
+        repo = OutboxRepository(database)
+        with database.atomic():
+            _create(repo, payload)
+        with database.atomic():
+            assert [e.payload for e in repo.claim_batch("w")] == [payload]
+        database.close()
+        return
     conn = packet_url.server_connection()
     conn.select_db(packet_url.name)
     with conn.cursor() as cur:  # what the server does with it, sent around the library
@@ -209,7 +273,8 @@ def test_an_unreadable_stored_payload_is_its_rows_dead_letter_and_the_rest_flow(
     database = packet_url.database()
     repo = OutboxRepository(database)
     found = repo.find_dispatchable(limit=100)
-    if server.is_mariadb:  # MariaDB sends a LONGTEXT whole, whatever the limit
+    if server.is_mariadb or not PACKETS:  # MariaDB sends a LONGTEXT whole, whatever the
+        # limit; PostgreSQL has none
         assert [e.id for e in found] == [big, *ids]
         assert found[0].payload == {"blob": "x" * 100_000}
         assert _row(packet_url, big)["status"] == "pending"
@@ -254,7 +319,7 @@ def test_the_relay_command_publishes_past_an_unreadable_row(packet_url, small_pa
     statuses = {r["id"]: r["status"] for r in _fetch(packet_url,
                                                      "SELECT id, status FROM outbox_event")}
     assert all(statuses[i] == "published" for i in ids)
-    if server.is_mariadb:
+    if server.is_mariadb or not PACKETS:
         assert statuses[big] == "published"
         assert rds.llen(f"bull:{queue}:wait") == 21
     else:

@@ -3,6 +3,13 @@ history row, a database migrated only part of the way, a table made by hand. ``m
 each migration safe to run again; the commands and the Python API check the tables they find
 (one information_schema query per database object) and say, in one line, what is wrong and how
 to repair it.
+
+On PostgreSQL the hand-made tables are PostgreSQL's DDL (migration 001's ``POSTGRESQL``): an
+instant column of a precision below 6 loses microseconds as MySQL's ``DATETIME`` does, while a
+``timestamp`` declared without one has PostgreSQL's default precision, 6, and is accepted; a key
+column of the database's default collation is refused for ``COLLATE "C"`` (its equality is
+exact there too, every database default being deterministic, but "C" pins the byte order and
+the exactness whatever the default).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import pytest
 from outbox_lite import Inbox, OutboxRepository, SchemaError
 from outbox_lite import migrate as schema
 
-from _helpers import FAMILY, capture_sql, seed
+from _helpers import FAMILY, T0, capture_sql, seed
 
 MIGRATIONS = ["001_create_outbox_event", "002_aggregate_index_published_at",
               "003_status_index_covers_aggregate", "004_create_inbox_message",
@@ -160,8 +167,10 @@ def test_a_database_migrated_only_to_001_is_a_schema_error_at_first_use(db_url, 
         f"table inbox_message is missing in {db_url.name} (run: outbox-lite migrate)")
     repo = OutboxRepository(database)
     with database.atomic():
-        with pytest.raises(SchemaError, match=r"aggregate_id compares by utf8mb4_unicode_ci, "
-                                              r"not exactly.*; run: outbox-lite migrate$"):
+        with pytest.raises(SchemaError, match=(
+                r"aggregate_id compares by utf8mb4_unicode_ci, not exactly.*; run: outbox-lite "
+                r"migrate$" if FAMILY.name == "mysql" else r"aggregate_id compares by default, "
+                r"not exactly \(C\).*; run: outbox-lite migrate$")):
             repo.create_in_transaction(event_type="t", aggregate_type="a", aggregate_id="1",
                                        payload={})
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]
@@ -174,6 +183,20 @@ def test_a_database_migrated_only_to_001_is_a_schema_error_at_first_use(db_url, 
 
 
 def _hand_made(fetch, *changes: tuple[str, str]) -> None:
+    if FAMILY.name == "postgresql":  # 001's table, its indexes, then 006's columns
+        create, *indexes = _migration_sql("001_create_outbox_event", "POSTGRESQL")
+        for column in ("aggregate_type     VARCHAR(255)", "aggregate_id       VARCHAR(255)",
+                       "last_error_code    VARCHAR(64) "):
+            assert column in create
+            create = create.replace(column, f'{column.rstrip()} COLLATE "C" ')
+        for old, new in changes:
+            assert old in create
+            create = create.replace(old, new)
+        fetch("DROP TABLE outbox_event")
+        for statement in (create, *indexes,
+                          _migration_sql("006_headers_and_expiry", "POSTGRESQL_MIGRATE")):
+            fetch(statement)
+        return
     create = _migration_sql("001_create_outbox_event", "CREATE_OUTBOX_EVENT")
     create = create.replace("aggregate_type     VARCHAR(255)", "aggregate_type     VARCHAR(255)"
                             " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
@@ -189,7 +212,7 @@ def _hand_made(fetch, *changes: tuple[str, str]) -> None:
     fetch(_migration_sql("006_headers_and_expiry", "MIGRATE"))  # made by hand up to date
 
 
-@pytest.mark.parametrize("changes, complaint", [
+HAND_MADE = {"mysql": [
     ([("locked_at          DATETIME(6)", "locked_at          DATETIME"),
       ("available_at       DATETIME(6)", "available_at       DATETIME")],
      "available_at is datetime, not datetime(6) (its instants would lose their microseconds), "
@@ -201,7 +224,24 @@ def _hand_made(fetch, *changes: tuple[str, str]) -> None:
      "dedupe_key compares by utf8mb4_unicode_ci, not exactly (utf8mb4_bin); repair: ALTER "
      "TABLE outbox_event MODIFY dedupe_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE "
      "utf8mb4_bin NOT NULL"),
-], ids=["datetime-without-fraction", "case-insensitive-dedupe-key"])
+], "postgresql": [
+    ([("locked_at          TIMESTAMP(6)", "locked_at          TIMESTAMP(0)"),
+      ("available_at       TIMESTAMP(6)", "available_at       TIMESTAMP(3)")],
+     "available_at is timestamp(3) without time zone, not timestamp(6) without time zone (its "
+     "instants would lose their microseconds), locked_at is timestamp(0) without time zone, "
+     "not timestamp(6) without time zone (its instants would lose their microseconds); "
+     "repair: ALTER TABLE outbox_event ALTER COLUMN available_at TYPE TIMESTAMP(6), "
+     "ALTER COLUMN locked_at TYPE TIMESTAMP(6)"),
+    ([('dedupe_key         VARCHAR(255) COLLATE "C"', "dedupe_key         VARCHAR(255)")],
+     'dedupe_key compares by default, not exactly (C); repair: ALTER TABLE outbox_event '
+     'ALTER COLUMN dedupe_key TYPE VARCHAR(255) COLLATE "C"'),
+]}[FAMILY.name]
+
+
+@pytest.mark.parametrize("changes, complaint", HAND_MADE,
+                         ids=["datetime-without-fraction", "case-insensitive-dedupe-key"]
+                         if FAMILY.name == "mysql" else ["timestamp-without-fraction",
+                                                         "default-collation-dedupe-key"])
 def test_a_hand_made_table_is_refused_with_the_statement_that_repairs_it(
         db_url, fetch, changes, complaint):
     """Before: accepted, and then ``extend_locks`` returned 0 for claims that were held (the
@@ -224,6 +264,34 @@ def test_a_hand_made_table_is_refused_with_the_statement_that_repairs_it(
     seed(repo, 2)
     with database.atomic():
         assert len(repo.claim_batch("w", limit=5)) == 2
+    database.close()
+
+
+def test_an_instant_declared_without_a_precision_is_what_each_server_makes_it(db_url, fetch):
+    """MySQL's ``DATETIME`` is datetime(0): refused (above). PostgreSQL's ``TIMESTAMP`` is
+    timestamp(6): accepted, and its instants keep their microseconds. Before, the check read
+    ``timestamp without time zone`` as not timestamp(6) and refused it, saying its instants
+    would lose their microseconds."""
+    if FAMILY.name == "mysql":
+        _hand_made(fetch, ("locked_at          DATETIME(6)", "locked_at          DATETIME"))
+        database = db_url.database()
+        with pytest.raises(SchemaError, match=r"locked_at is datetime, not datetime\(6\)"):
+            OutboxRepository(database).find_dispatchable()
+        database.close()
+        return
+    _hand_made(fetch, ("locked_at          TIMESTAMP(6)", "locked_at          TIMESTAMP"),
+               ("available_at       TIMESTAMP(6)", "available_at       TIMESTAMP"))
+    assert {c["name"]: c["type"] for c in FAMILY.columns(fetch, "outbox_event")}[
+        "locked_at"] == "timestamp without time zone"
+    database = db_url.database()
+    repo = OutboxRepository(database, clock=lambda: T0.replace(microsecond=123456))
+    seed(repo, 2)
+    with database.atomic():
+        claimed = repo.claim_batch("w", limit=5)
+    assert len(claimed) == 2
+    assert repo.extend_locks([e.id for e in claimed], "w") == 2  # the instants compare whole
+    assert {r["t"] for r in fetch("SELECT available_at AS t FROM outbox_event")} == {
+        T0.replace(microsecond=123456, tzinfo=None)}
     database.close()
 
 

@@ -265,6 +265,8 @@ class PostgreSQLFamily(Family):
             sql.SESSION).fetchone()
         for what, encoding in (("database", server_encoding), ("connection",
                                                                 client_encoding)):
+            if isinstance(encoding, (bytes, bytearray)):  # SQL_ASCII: psycopg 3 gives bytes
+                encoding = bytes(encoding).decode("ascii", "replace")
             if str(encoding).upper().replace("-", "") != "UTF8":
                 raise ValueError(
                     f"the {what}'s encoding is {encoding}, not UTF8: events would not be "
