@@ -8,7 +8,7 @@ Default servers: MariaDB mysql://root@127.0.0.1:3306/outbox_lite_test, MySQL
 mysql://root@127.0.0.1:3308/outbox_lite_test, PostgreSQL
 postgresql://postgres@127.0.0.1:5432/outbox_lite_test. On each in turn,
 scripts/bench_relay.py's throughput measure (``--only relay``): 4 fresh ``outbox-lite relay
---until-empty`` processes drain 5,000 events into BullMQ in batches of 100, start-up counted,
+--until-empty`` processes drain 15,000 events into BullMQ in batches of 100, start-up counted,
 taking turns with 4 processes of a raw twin (the same claim in PyMySQL or psycopg 3, the
 same bullmq calls, no outbox_lite) and 4 that ``addBulk`` the same jobs with no database.
 Prints each server's figures, then the drains side by side with the load average.
@@ -24,7 +24,7 @@ import bench_relay  # beside this script
 DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite_test",
                 "mysql://root@127.0.0.1:3308/outbox_lite_test",
                 "postgresql://postgres@127.0.0.1:5432/outbox_lite_test"]
-DEFAULTS = ["--only", "relay", "--events", "5000", "--rounds", "2", "--workers", "4",
+DEFAULTS = ["--only", "relay", "--events", "15000", "--rounds", "2", "--workers", "4",
             "--batch", "100"]
 
 
