@@ -636,8 +636,8 @@ def main(argv: list[str] | None = None) -> int:
                                   seconds=args.seconds, idle_seconds=args.idle_seconds,
                                   wakes=wakes, nats_url=args.nats_url)
         reports.append((server_name(base), report))
-    if args.json:
-        print(json.dumps(dict(reports), indent=2))
+    if args.json:  # one server: its report, as scripts/plot_benchmarks.py reads it
+        print(json.dumps(reports[0][1] if len(reports) == 1 else dict(reports), indent=2))
         return 0
     for name, report in reports:
         print(f"== {name}")
