@@ -570,14 +570,31 @@ def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, 
         start_relay(proxy.url)
         time.sleep(2 + 2 * cap + 1)
         before = proxy.count()
+        xacts = _pg_transactions(url) if pg else 0
         time.sleep(idle_seconds)
         result["idle_queries_per_s"] = (proxy.count() - before) / idle_seconds
+        if pg:  # the server's own count, a cross-check: only the relay works in this database
+            result["idle_transactions_per_s"] = (_pg_transactions(url) - xacts) / idle_seconds
     finally:
         stop_relays()
         delete_queue(client, queue)
         client.close()
         db.close()
     return result
+
+
+def _pg_transactions(url: Any) -> int:
+    """The transactions committed and rolled back in ``url``'s database so far
+    (pg_stat_database, read from the maintenance database so the reading adds none; each
+    backend reports its counts at most once a second)."""
+    conn = url.server_connection()
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database"
+                    " WHERE datname = %s", (url.name,))
+        return int(cur.fetchone()[0])
+    finally:
+        conn.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -717,11 +734,16 @@ def format_report(report: dict[str, Any]) -> str:
                         "a wake-up: p50 <= 3 ms, p99 <= 15 ms, idle <= 2 queries/s"))
         lines.append(f"  {'wake-up':<11} {'pause cap':>9} " + " ".join(
             f"{f'{r:g}/s p50':>10} {'p99':>7} {'max':>7}" for r in lat["rates"])
-            + f" {'idle q/s':>9}")
+            + f" {'idle q/s':>9}" + (f" {'idle xact/s':>11}" if listen else ""))
         for mode in lat["modes"]:
             lines.append(f"  {mode['wake']:<11} {mode['max_idle_pause']:>8g}s " + " ".join(
                 f"{r['p50_ms']:>7.1f} ms {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f}"
-                for r in mode["rates"]) + f" {mode['idle_queries_per_s']:>9.1f}")
+                for r in mode["rates"]) + f" {mode['idle_queries_per_s']:>9.1f}"
+                + (f" {mode.get('idle_transactions_per_s', float('nan')):>11.1f}"
+                   if listen else ""))
+        if listen:
+            lines.append("  (idle q/s: the relay's queries, counted by a proxy; idle xact/s:"
+                         " its database's transactions, from pg_stat_database)")
     return "\n".join(lines)
 
 
