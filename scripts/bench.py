@@ -11,6 +11,8 @@ baseline (same SQL work, no ORM), and the median of the rounds' ratios library/r
   the two (and, for reference, the same transaction through Peewee alone) taking turns in
   blocks of 50 transactions;
 * latency: claim_batch latency with 200,000 published rows in the table vs an empty one;
+* latency-raw: claim_batch latency against the raw baseline's claim, both on a table of
+  200,000 published rows, claim by claim in turn, and each side's client CPU per claim;
 * ordered: claim_batch(ordered=True) + batch publish against the unordered claim on the same
   events (400 aggregates x 10), 4 processes, and the worst case (one hot aggregate);
 * ordered-latency: claim_batch(ordered=True) latency against the unordered claim's, each on a
@@ -27,9 +29,12 @@ baseline (same SQL work, no ORM), and the median of the rounds' ratios library/r
 
 Give --database-url twice (a MariaDB and a MySQL server, say) and each measure runs on one
 server, then on the other, before the next measure starts; a last table puts the servers
-side by side.
+side by side. A postgresql:// URL runs the same measures against raw psycopg 3 sending the
+PostgreSQL family's own statements (scripts/bench_raw_pg.py); the 1-minute load average is
+printed beside every figure.
 
 Usage: python scripts/bench.py [--database-url URL ...] [--rounds 9] [--json]
+PostgreSQL's figures of issue 22, short: python scripts/bench_pg.py
 """
 
 from __future__ import annotations
