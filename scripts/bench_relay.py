@@ -105,11 +105,14 @@ def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
     from bullmq import Queue
 
     pg = db.pop("scheme", "mysql") == "postgresql"
+    raw: Any
+    conn: Any
     if pg:
         import psycopg
 
-        import bench_raw_pg as raw
+        import bench_raw_pg
 
+        raw = bench_raw_pg
         conn = psycopg.connect(host=db["host"], port=db["port"], user=db["user"],
                                password=db["password"] or None, dbname=db["database"],
                                autocommit=True)
@@ -119,7 +122,7 @@ def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
     else:
         import pymysql
 
-        raw = raw_outbox  # type: ignore[assignment]
+        raw = raw_outbox
         conn = pymysql.connect(autocommit=True, charset="utf8mb4", **db)
         begin, commit = conn.begin, conn.commit
         remaining = ("SELECT COUNT(*) FROM outbox_event FORCE INDEX"

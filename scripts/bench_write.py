@@ -168,6 +168,7 @@ class Raw:
 
     def __init__(self, url: DatabaseUrl, init: dict[str, Any]) -> None:
         self.pg = _is_pg(url)
+        self.conn: Any
         if self.pg:
             import psycopg
 
