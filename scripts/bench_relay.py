@@ -23,10 +23,20 @@ empty outbox: the queries a second it sends (counted by a proxy in front of the 
 other clients of a shared server do not count). Each ``--wake`` (none, in-process, redis,
 nats, or all) is measured in turn and printed side by side.
 
-Usage: python scripts/bench_relay.py [--database-url URL] [--redis-url URL] [--rounds 3]
+On PostgreSQL (a ``postgresql://`` URL) the twin is psycopg 3 with the PostgreSQL family's
+statements (scripts/bench_raw_pg.py); the relay LISTENs by itself, so the latency's wake-ups
+are ``listen`` (the relay as it ships: LISTEN outbox_event, polling every 2 s at most) and
+``none`` (polling alone: the same relay with its LISTEN turned off, a 50 ms cap); the proxy
+counts the PostgreSQL protocol's queries (Query and Execute messages) instead of MySQL's.
+Give ``--database-url`` more than once and each measure runs on each server in turn, with the
+load average beside each figure.
+
+Usage: python scripts/bench_relay.py [--database-url URL ...] [--redis-url URL] [--rounds 3]
        [--events 20000] [--batch 100] [--workers 4] [--rate 200 ...] [--seconds 20]
-       [--idle-seconds 10] [--wake none|in-process|redis|nats|all ...] [--nats-url URL] [--json]
-Also run by ``python scripts/bench.py --only relay --only relay-latency``.
+       [--idle-seconds 10] [--wake none|listen|in-process|redis|nats|all ...] [--nats-url URL]
+       [--json]
+Also run by ``python scripts/bench.py --only relay --only relay-latency``; the PostgreSQL
+figures of issue 22 by ``python scripts/bench_drain.py`` and ``python scripts/bench_listen.py``.
 """
 
 from __future__ import annotations
@@ -88,22 +98,44 @@ def _addbulk_main(redis_url: str, queue: str, first: int, count: int, batch: int
 
 def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
                worker: str) -> None:
-    """The relay's work without outbox_lite: the library's claim (raw_outbox.claim) in a
-    transaction that first records the previous batch (one UPDATE), then addBulk; the relay's
-    default idle pause (10 ms doubling to 50 ms) and its exit rule (nothing pending or
-    processing)."""
-    import pymysql
+    """The relay's work without outbox_lite: the library's claim (raw_outbox.claim, or
+    bench_raw_pg.claim on PostgreSQL) in a transaction that first records the previous batch
+    (one UPDATE), then addBulk; the relay's default idle pause (10 ms doubling to 50 ms) and
+    its exit rule (nothing pending or processing)."""
     from bullmq import Queue
 
-    conn = pymysql.connect(autocommit=True, charset="utf8mb4", **db)
+    pg = db.pop("scheme", "mysql") == "postgresql"
+    raw: Any
+    conn: Any
+    if pg:
+        import psycopg
+
+        import bench_raw_pg
+
+        raw = bench_raw_pg
+        conn = psycopg.connect(host=db["host"], port=db["port"], user=db["user"],
+                               password=db["password"] or None, dbname=db["database"],
+                               autocommit=True)
+        begin, commit = (lambda: conn.execute("BEGIN")), (lambda: conn.execute("COMMIT"))
+        remaining = ("SELECT COUNT(*) FROM outbox_event WHERE status IN"
+                     " ('pending', 'processing')")
+    else:
+        import pymysql
+
+        raw = raw_outbox
+        conn = pymysql.connect(autocommit=True, charset="utf8mb4", **db)
+        begin, commit = conn.begin, conn.commit
+        remaining = ("SELECT COUNT(*) FROM outbox_event FORCE INDEX"
+                     " (ix_outbox_event_status_available_at) WHERE status IN"
+                     " ('pending', 'processing')")
     cur = conn.cursor()
 
     def claim(published: list[int]) -> list[tuple[Any, ...]]:
-        conn.begin()
+        begin()
         if published:
-            raw_outbox.publish_many(cur, published, worker)
-        rows = raw_outbox.claim(cur, worker, batch)
-        conn.commit()
+            raw.publish_many(cur, published, worker)
+        rows = raw.claim(cur, worker, batch)
+        commit()
         return rows
 
     async def main() -> None:
@@ -121,9 +153,7 @@ def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
                                  for r in rows])
                 published = [r[0] for r in rows]
                 continue
-            cur.execute("SELECT COUNT(*) FROM outbox_event FORCE INDEX"
-                        " (ix_outbox_event_status_available_at) WHERE status IN"
-                        " ('pending', 'processing')")
+            cur.execute(remaining)
             if cur.fetchone()[0] == 0:  # type: ignore[index]
                 break
             pause = min(0.05, pause * 2 or 0.01)
@@ -145,17 +175,57 @@ def delete_queue(client: Any, queue: str) -> None:
         client.delete(*keys[i:i + 1000])
 
 
+def _poll_relay_main(database_url: str, redis_url: str, queue: str) -> None:
+    """A relay at the defaults but for its database's own wake-up, turned off (PostgreSQL's
+    LISTEN): polling alone, every 50 ms at most, as the relay polls on MySQL."""
+    import signal
+    import threading
+
+    sys.path.insert(0, str(ROOT))
+    from outbox_lite import OutboxRepository
+    from outbox_lite._db import DatabaseUrl
+    from outbox_lite.publishers.bullmq import BullMQPublisher
+    from outbox_lite.relay import Relay
+
+    relay = Relay(OutboxRepository(DatabaseUrl.parse(database_url).database()),
+                  BullMQPublisher(redis_url, queue), max_idle_pause=0.05, progress_every=0)
+    relay.native_wake = None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    relay.run(stop)
+
+
+def is_postgresql(url: Any) -> bool:
+    return str(getattr(url, "scheme", "")) == "postgresql"
+
+
+def job_table(url: Any) -> str:
+    """The benches' business table, in the server's dialect."""
+    if is_postgresql(url):
+        return "CREATE TABLE job (id BIGSERIAL PRIMARY KEY, name VARCHAR(64) NOT NULL)"
+    return ("CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+            " name VARCHAR(64) NOT NULL) ENGINE=InnoDB")
+
+
 class _Sides:
     def __init__(self, url: Any, redis_url: str, *, events: int, batch: int,
                  workers: int) -> None:
-        import pymysql
         import redis
 
         self.url, self.redis_url = url, redis_url
         self.events, self.batch, self.workers = events, batch, workers
-        self.admin = pymysql.connect(host=url.host, port=url.port, user=url.user,
-                                     password=url.password, database=url.name,
-                                     charset="utf8mb4", autocommit=True)
+        self.pg = is_postgresql(url)
+        if self.pg:
+            import bench_raw_pg
+
+            bench_raw_pg.check()
+            self.admin = bench_raw_pg.connect(url)
+        else:
+            import pymysql
+
+            self.admin = pymysql.connect(host=url.host, port=url.port, user=url.user,
+                                         password=url.password, database=url.name,
+                                         charset="utf8mb4", autocommit=True)
         self.redis = redis.Redis.from_url(redis_url)
 
     def close(self) -> None:
@@ -165,13 +235,14 @@ class _Sides:
     def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
         with self.admin.cursor() as cur:
             cur.execute(statement, params)
-            return list(cur.fetchall())
+            return list(cur.fetchall()) if cur.description else []
 
     def seed(self, run: str) -> None:
         self.sql("TRUNCATE TABLE outbox_event")
         now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(seconds=1)
-        self.admin.begin()  # one commit: row by row, MySQL's fsync per commit takes minutes
         with self.admin.cursor() as cur:
+            # One commit: row by row, MySQL's fsync per commit takes minutes.
+            cur.execute("BEGIN") if self.pg else self.admin.begin()
             for start in range(0, self.events, 2000):
                 cur.executemany(
                     "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
@@ -179,7 +250,9 @@ class _Sides:
                     " VALUES ('job.created', 'ai_job', %s, %s, %s, 'pending', %s, %s, %s)",
                     [(str(n), f"{run}-{n}", json.dumps({**PAYLOAD, "job_id": n}), now, now, now)
                      for n in range(start, min(self.events, start + 2000))])
-        self.admin.commit()
+            cur.execute("COMMIT") if self.pg else self.admin.commit()
+            if self.pg:
+                cur.execute("ANALYZE outbox_event")
 
     def _python(self, *args: str) -> list[str]:
         return [sys.executable, str(HERE), *args]
@@ -193,7 +266,8 @@ class _Sides:
             self.seed(run)
         share = -(-self.events // self.workers)
         db = {"host": self.url.host, "port": self.url.port, "user": self.url.user,
-              "password": self.url.password, "database": self.url.name}
+              "password": self.url.password, "database": self.url.name,
+              **({"scheme": "postgresql"} if self.pg else {})}
         if side == "addBulk":
             commands = [self._python("_addbulk", self.redis_url, queue, str(i * share),
                                      str(min(share, self.events - i * share)),
@@ -268,32 +342,70 @@ def compare(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, events: int = 20_00
     result["split"] = {name: statistics.median(s[i] for s in splits) if splits else None
                        for i, name in enumerate(("claim", "publish", "record", "idle"))}
     result["rounds"] = {side: [round(v) for v in values] for side, values in rates.items()}
+    result["load"] = os.getloadavg()
     return result
 
 
 WAKES = ("none", "in-process", "redis", "nats")
+#: On PostgreSQL: the relay as it ships (LISTEN) and polling alone.
+PG_WAKES = ("none", "listen")
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
-def _proxy_main(target: tuple[str, int], port: Any, commands: Any) -> None:
+#: PostgreSQL's untyped first messages that are requests, not the start-up (SSL, GSS).
+_PG_REQUESTS = (80877103, 80877104)
+
+
+def _proxy_main(target: tuple[str, int], port: Any, commands: Any, pg: bool = False) -> None:
     """A TCP proxy to the database server that counts the commands its clients send (MySQL
-    packets of sequence 0 from the client): one relay's queries, whatever else the shared
-    server is doing (its global ``Questions`` counts every client's)."""
+    packets of sequence 0 from the client; PostgreSQL's Query and Execute messages): one
+    relay's queries, whatever else the shared server is doing (its global ``Questions``, or
+    pg_stat_database, counts every client's)."""
+    def count_one() -> None:
+        with commands.get_lock():
+            commands.value += 1
+
+    def mysql_packets(buffer: bytes, state: dict[str, Any]) -> bytes:
+        while len(buffer) >= 4:
+            size = int.from_bytes(buffer[:3], "little")
+            if len(buffer) < 4 + size:
+                break
+            if buffer[3] == 0:
+                count_one()
+            buffer = buffer[4 + size:]
+        return buffer
+
+    def pg_messages(buffer: bytes, state: dict[str, Any]) -> bytes:
+        while True:
+            if not state.get("started"):  # untyped: int32 length, int32 code
+                if len(buffer) < 8:
+                    return buffer
+                size = int.from_bytes(buffer[:4], "big")
+                if len(buffer) < size:
+                    return buffer
+                if int.from_bytes(buffer[4:8], "big") not in _PG_REQUESTS:
+                    state["started"] = True
+                buffer = buffer[size:]
+                continue
+            if len(buffer) < 5:
+                return buffer
+            size = int.from_bytes(buffer[1:5], "big")
+            if len(buffer) < 1 + size:
+                return buffer
+            if buffer[:1] in (b"Q", b"E"):  # a simple query, or an extended one's Execute
+                count_one()
+            buffer = buffer[1 + size:]
+
+    parse = pg_messages if pg else mysql_packets
+
     async def pipe(reader: Any, writer: Any, count: bool) -> None:
         buffer = b""
+        state: dict[str, Any] = {}
         try:
             while data := await reader.read(65536):
                 writer.write(data)
                 if count:
-                    buffer += data
-                    while len(buffer) >= 4:
-                        size = int.from_bytes(buffer[:3], "little")
-                        if len(buffer) < 4 + size:
-                            break
-                        if buffer[3] == 0:
-                            with commands.get_lock():
-                                commands.value += 1
-                        buffer = buffer[4 + size:]
+                    buffer = parse(buffer + data, state)
                 await writer.drain()
         except OSError:
             pass
@@ -319,16 +431,19 @@ class _CountingProxy:
 
         ctx = multiprocessing.get_context("fork")
         self.port, self.commands = ctx.Value("i", 0), ctx.Value("q", 0)
+        pg = is_postgresql(url)
         self.process = ctx.Process(target=_proxy_main, daemon=True,
-                                   args=((url.host, url.port), self.port, self.commands))
+                                   args=((url.host, url.port), self.port, self.commands, pg))
         self.process.start()
         while not self.port.value:
             time.sleep(0.01)
         import dataclasses
-        # In clear text, so the proxy can read the commands (MySQL's PyMySQL sessions
-        # otherwise switch to TLS when the server offers it).
+        # In clear text, so the proxy can read the commands (the sessions otherwise switch to
+        # TLS when the server offers it).
+        clear = ("sslmode", "disable") if pg else ("ssl_disabled", True)
+        options = tuple(sorted({**dict(url.options), clear[0]: clear[1]}.items()))
         self.url = dataclasses.replace(url, host="127.0.0.1", port=self.port.value,
-                                       options=(*url.options, ("ssl_disabled", True)))
+                                       options=options)
 
     def count(self) -> int:
         return int(self.commands.value)
@@ -371,11 +486,12 @@ def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, 
     run = uuid.uuid4().hex[:12]
     queue = f"bench-latency-{run}"
     wake_url = {"redis": redis_url, "nats": nats_url}.get(wake)
+    pg = is_postgresql(url)
     db = url.database()
     repo = OutboxRepository(db, wake=wake_url)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     db.execute_sql("TRUNCATE TABLE outbox_event")
-    cap = 2.0 if wake != "none" else 0.05
+    cap = 2.0 if wake != "none" else 0.05  # PostgreSQL's relay: 2 s, as it LISTENs
     stop = threading.Event()
     relays: list[Any] = []
 
@@ -390,6 +506,11 @@ def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, 
             thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
             thread.start()
             relays.append(thread)
+        elif pg and wake == "none":  # the relay with its LISTEN turned off
+            relays.append(subprocess.Popen(
+                [sys.executable, str(HERE), "_poll_relay", database_url.secret_text(),
+                 redis_url, queue], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         else:
             relays.append(subprocess.Popen(
                 [sys.executable, "-m", "outbox_lite.cli", "relay", "--database-url",
@@ -452,8 +573,11 @@ def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, 
         start_relay(proxy.url)
         time.sleep(2 + 2 * cap + 1)
         before = proxy.count()
+        xacts = _pg_transactions(url) if pg else 0
         time.sleep(idle_seconds)
         result["idle_queries_per_s"] = (proxy.count() - before) / idle_seconds
+        if pg:  # the server's own count, a cross-check: only the relay works in this database
+            result["idle_transactions_per_s"] = (_pg_transactions(url) - xacts) / idle_seconds
     finally:
         stop_relays()
         delete_queue(client, queue)
@@ -462,19 +586,39 @@ def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, 
     return result
 
 
+def _pg_transactions(url: Any) -> int:
+    """The transactions committed and rolled back in ``url``'s database so far
+    (pg_stat_database, read from the maintenance database so the reading adds none; each
+    backend reports its counts at most once a second)."""
+    conn = url.server_connection()
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database"
+                    " WHERE datname = %s", (url.name,))
+        return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and len(sys.argv) > 1 and sys.argv[1] in ("_addbulk", "_twin"):
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] in ("_addbulk", "_twin",
+                                                              "_poll_relay"):
         role, args = sys.argv[1], sys.argv[2:]
-        if role == "_addbulk":
+        if role == "_poll_relay":
+            _poll_relay_main(*args)
+        elif role == "_addbulk":
             _addbulk_main(args[0], args[1], int(args[2]), int(args[3]), int(args[4]), args[5])
         else:
             _twin_main(json.loads(args[0]), args[1], args[2], int(args[3]), args[4])
         return 0
     sys.path.insert(0, str(ROOT))  # runs from a checkout too
-    from _scratch import add_database_option, scratch_database
+    from _scratch import scratch_database, server_url
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_database_option(parser, "bench_relay")
+    parser.add_argument("--database-url", metavar="URL", action="append",
+                        help="server to use, repeatable (each measure runs on each in turn);"
+                             " the bench runs in <database>_bench_relay, created and dropped"
+                             " (default: $OUTBOX_DATABASE_URL, else the library's default)")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
                         help=f"Redis for BullMQ (default: {DEFAULT_REDIS_URL})")
     parser.add_argument("--only", choices=("relay", "latency"), action="append",
@@ -489,24 +633,70 @@ def main(argv: list[str] | None = None) -> int:
                         help="writing time per rate (default 20)")
     parser.add_argument("--idle-seconds", type=float, default=10,
                         help="time the idle relay's queries are counted (default 10)")
-    parser.add_argument("--wake", choices=WAKES + ("all",), action="append",
+    parser.add_argument("--wake", choices=WAKES + ("listen", "all"), action="append",
                         help="latency: the wake-up to measure, side by side when given more"
                              " than once (default: none; all: every one)")
     parser.add_argument("--nats-url", default=DEFAULT_NATS_URL,
                         help=f"NATS for --wake nats (default: {DEFAULT_NATS_URL})")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
-    job_table = ("CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
-                 " name VARCHAR(64) NOT NULL) ENGINE=InnoDB")
-    with scratch_database(args.database_url, "bench_relay", job_table) as url:
-        report = run_measures(url, args.redis_url, set(args.only or ("relay", "latency")),
-                              rounds=args.rounds, events=args.events, batch=args.batch,
-                              workers=args.workers, rate=args.rate or [200],
-                              seconds=args.seconds, idle_seconds=args.idle_seconds,
-                              wakes=WAKES if "all" in (args.wake or ()) else
-                              tuple(args.wake or ("none",)), nats_url=args.nats_url)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    reports: list[tuple[str, dict[str, Any]]] = []
+    for option in args.database_url or [None]:
+        base = server_url(option)
+        wakes = tuple(args.wake or ("none",))
+        if is_postgresql(base):  # its relay LISTENs by itself: that, or polling alone
+            wakes = PG_WAKES if "all" in wakes else tuple(w for w in wakes if w in PG_WAKES)
+        elif "all" in wakes:
+            wakes = WAKES
+        wakes = tuple(w for w in wakes if w != "listen" or is_postgresql(base)) or ("none",)
+        with scratch_database(option, "bench_relay", job_table(base)) as url:
+            report = run_measures(url, args.redis_url, set(args.only or ("relay", "latency")),
+                                  rounds=args.rounds, events=args.events, batch=args.batch,
+                                  workers=args.workers, rate=args.rate or [200],
+                                  seconds=args.seconds, idle_seconds=args.idle_seconds,
+                                  wakes=wakes, nats_url=args.nats_url)
+        reports.append((server_name(base), report))
+    if args.json:  # one server: its report, as scripts/plot_benchmarks.py reads it
+        print(json.dumps(reports[0][1] if len(reports) == 1 else dict(reports), indent=2))
+        return 0
+    for name, report in reports:
+        print(f"== {name}")
+        print(format_report(report))
+    if len(reports) > 1 and all("relay" in r for _, r in reports):
+        print(format_drains(reports))
     return 0
+
+
+def server_name(base: Any) -> str:
+    """The server's kind and version, and where it listens."""
+    from outbox_lite._server import server_of
+
+    conn = base.server_connection()
+    try:
+        cur = conn.cursor()
+        if is_postgresql(base):
+            cur.execute("SELECT current_setting('server_version')")
+            return f"PostgreSQL {cur.fetchone()[0].split()[0]} at {base.host}:{base.port}"
+        return (f"{server_of(lambda sql: (cur.execute(sql), cur.fetchall())[1])}"
+                f" at {base.host}:{base.port}")
+    finally:
+        conn.close()
+
+
+def format_drains(reports: list[tuple[str, dict[str, Any]]]) -> str:
+    """The drains side by side: each server's relay and twin, and each relay over the
+    first server's."""
+    first = reports[0][1]["relay"]["relay"]
+    lines = ["== drain side by side, events/s (median of rounds; load average at the end of"
+             " each server's run)",
+             f"  {'server':<36} {'relay':>8} {'twin':>8} {'relay/twin':>10} {'addBulk':>8}"
+             f" {'relay/1st':>9} {'load':>5}"]
+    for name, report in reports:
+        r = report["relay"]
+        lines.append(f"  {name:<36} {r['relay']:>8,.0f} {r['twin']:>8,.0f}"
+                     f" {r['relay/twin']:>10.3f} {r['addBulk']:>8,.0f}"
+                     f" {r['relay'] / first:>9.2f} {r['load'][0]:>5.1f}")
+    return "\n".join(lines)
 
 
 def run_measures(url: Any, redis_url: str, only: set[str], **sizes: Any) -> dict[str, Any]:
@@ -536,19 +726,27 @@ def format_report(report: dict[str, Any]) -> str:
             f" twin / addBulk {r['twin/addBulk']:.3f}",
             "  relay time split per process, s: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in split.items() if v is not None),
-            f"  rounds: {r['rounds']}"]
+            f"  rounds: {r['rounds']}; load average"
+            f" {' '.join(f'{x:.2f}' for x in r.get('load', ()))}"]
     if "latency" in report:
         lat = report["latency"]
+        listen = any(mode["wake"] == "listen" for mode in lat["modes"])
         lines.append(f"COMMIT to job in Redis, one relay ({lat['seconds']:g} s per rate; load"
-                     f" average {' '.join(f'{x:.2f}' for x in lat['load'])}); targets with a"
-                     " wake-up: p50 <= 3 ms, p99 <= 15 ms, idle <= 2 queries/s")
+                     f" average {' '.join(f'{x:.2f}' for x in lat['load'])}); targets with "
+                     + ("LISTEN: p50 <= 2 ms, p99 <= 10 ms" if listen else
+                        "a wake-up: p50 <= 3 ms, p99 <= 15 ms, idle <= 2 queries/s"))
         lines.append(f"  {'wake-up':<11} {'pause cap':>9} " + " ".join(
             f"{f'{r:g}/s p50':>10} {'p99':>7} {'max':>7}" for r in lat["rates"])
-            + f" {'idle q/s':>9}")
+            + f" {'idle q/s':>9}" + (f" {'idle xact/s':>11}" if listen else ""))
         for mode in lat["modes"]:
             lines.append(f"  {mode['wake']:<11} {mode['max_idle_pause']:>8g}s " + " ".join(
                 f"{r['p50_ms']:>7.1f} ms {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f}"
-                for r in mode["rates"]) + f" {mode['idle_queries_per_s']:>9.1f}")
+                for r in mode["rates"]) + f" {mode['idle_queries_per_s']:>9.1f}"
+                + (f" {mode.get('idle_transactions_per_s', float('nan')):>11.1f}"
+                   if listen else ""))
+        if listen:
+            lines.append("  (idle q/s: the relay's queries, counted by a proxy; idle xact/s:"
+                         " its database's transactions, from pg_stat_database)")
     return "\n".join(lines)
 
 

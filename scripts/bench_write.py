@@ -29,14 +29,24 @@ each way: a round trip costs 2 ms more, as between a service and a server 1 ms a
 proxy's own CPU is paid by all three clients alike. The load average is printed with the
 figures: the machine is shared.
 
+On PostgreSQL (a ``postgresql://`` URL) the raw client is psycopg 3 sending the library's own
+statement, ``INSERT … ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, pg_notify(…)``
+(scripts/bench_raw_pg.py), the business row's id read with ``RETURNING id`` by every client,
+and the level set per session with ``options=-c default_transaction_isolation=…``.
+
 Usage: python scripts/bench_write.py [--database-url URL ...] [--writes 600]
        [--delayed-writes 150] [--delay-ms 1] [--levels "REPEATABLE READ" "READ COMMITTED"]
+PostgreSQL beside MariaDB and MySQL, READ COMMITTED only (about 1 minute):
+       python scripts/bench_write.py --database-url postgresql://postgres@127.0.0.1:5432/outbox_lite \
+           --database-url mysql://root@127.0.0.1:3306/outbox_lite \
+           --database-url mysql://root@127.0.0.1:3308/outbox_lite --levels "READ COMMITTED"
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -56,6 +66,7 @@ from outbox_lite import migrate as schema  # noqa: E402
 from outbox_lite._db import DatabaseUrl  # noqa: E402
 from outbox_lite._server import server_of  # noqa: E402
 
+import bench_raw_pg  # noqa: E402  (beside this script: the raw baseline on PostgreSQL)
 from bench import EVENT_INSERT, PAYLOAD  # noqa: E402  (beside this script: the same baseline)
 
 JOB_INSERT = "INSERT INTO job (name) VALUES (%s)"
@@ -129,16 +140,54 @@ def _row(job_id: int, n: int) -> tuple[Any, ...]:
             json.dumps({**PAYLOAD, "job_id": n}, separators=(",", ":")), now, now, now)
 
 
+PG_JOB_INSERT = "INSERT INTO job (name) VALUES (%s) RETURNING id"
+
+
+def _is_pg(url: DatabaseUrl) -> bool:
+    return url.scheme == "postgresql"
+
+
+def _pg_values(job_id: int, n: int) -> dict[str, Any]:
+    """_row's values as the PostgreSQL family's INSERT names them."""
+    row = _row(job_id, n)
+    return {"event_type": row[0], "aggregate_type": row[1], "aggregate_id": row[2],
+            "dedupe_key": row[3], "payload": row[4], "available_at": row[5],
+            "created_at": row[6], "updated_at": row[7], "headers": None, "expires_at": None}
+
+
+def _session_options(url: DatabaseUrl, level: str) -> dict[str, Any]:
+    """The connection options that set the session's isolation level ``level``."""
+    if _is_pg(url):
+        return {"options": "-c default_transaction_isolation=" + level.lower().replace(" ",
+                                                                                    "\\ ")}
+    return {"init_command": f"SET SESSION TRANSACTION ISOLATION LEVEL {level}"}
+
+
 class Raw:
     name = "raw"
 
-    def __init__(self, url: DatabaseUrl, init: str) -> None:
-        self.conn = pymysql.connect(host=url.host, port=url.port, user=url.user,
-                                    password=url.password, database=url.name,
-                                    charset="utf8mb4", autocommit=True, init_command=init)
+    def __init__(self, url: DatabaseUrl, init: dict[str, Any]) -> None:
+        self.pg = _is_pg(url)
+        self.conn: Any
+        if self.pg:
+            import psycopg
+
+            self.conn = psycopg.connect(host=url.host, port=url.port, user=url.user,
+                                        password=url.password or None, dbname=url.name,
+                                        autocommit=True, **init)
+        else:
+            self.conn = pymysql.connect(host=url.host, port=url.port, user=url.user,
+                                        password=url.password, database=url.name,
+                                        charset="utf8mb4", autocommit=True, **init)
 
     def write(self, n: int) -> None:
         with self.conn.cursor() as cur:
+            if self.pg:
+                cur.execute("BEGIN")
+                (job_id,) = cur.execute(PG_JOB_INSERT, (f"raw-{n}",)).fetchone()
+                bench_raw_pg.insert_event(cur, _pg_values(job_id, n), keyed=True)
+                cur.execute("COMMIT")
+                return
             self.conn.begin()
             cur.execute(JOB_INSERT, (f"raw-{n}",))
             cur.execute(EVENT_INSERT, _row(cur.lastrowid, n))
@@ -151,14 +200,20 @@ class Raw:
 class Library:
     name = "library"
 
-    def __init__(self, url: DatabaseUrl, init: str) -> None:
-        self.db = url.database(init_command=init)
+    def __init__(self, url: DatabaseUrl, init: dict[str, Any]) -> None:
+        self.pg = _is_pg(url)
+        self.db = url.database(**init)
         self.db.connect()
         self.repo = OutboxRepository(self.db)
 
+    def _job(self, name: str) -> int:
+        if self.pg:
+            return int(self.db.execute_sql(PG_JOB_INSERT, (name,)).fetchone()[0])
+        return int(self.db.execute_sql(JOB_INSERT, (name,)).lastrowid)
+
     def write(self, n: int) -> None:
         with self.db.atomic():
-            job_id = self.db.execute_sql(JOB_INSERT, (f"library-{n}",)).lastrowid
+            job_id = self._job(f"library-{n}")
             self.repo.create_in_transaction(
                 event_type="job.created", aggregate_type="ai_job", aggregate_id=str(job_id),
                 payload={**PAYLOAD, "job_id": n}, dedupe_key=f"job-{job_id}-created")
@@ -172,14 +227,17 @@ class PeeweeOnly(Library):
 
     def write(self, n: int) -> None:
         with self.db.atomic():
-            job_id = self.db.execute_sql(JOB_INSERT, (f"peewee-{n}",)).lastrowid
-            self.db.execute_sql(EVENT_INSERT, _row(job_id, n))
+            job_id = self._job(f"peewee-{n}")
+            if self.pg:
+                self.db.execute_sql(bench_raw_pg.INSERT_UNLESS_TAKEN, _pg_values(job_id, n))
+            else:
+                self.db.execute_sql(EVENT_INSERT, _row(job_id, n))
 
 
 def measure(url: DatabaseUrl, level: str, writes: int, block: int) -> dict[str, Any]:
     """Transactions per second of each client and the median of the blocks' library/raw
     ratios, ``writes`` transactions each."""
-    init = f"SET SESSION TRANSACTION ISOLATION LEVEL {level}"
+    init = _session_options(url, level)
     clients = [Library(url, init), Raw(url, init), PeeweeOnly(url, init)]
     n = 0
     for client in clients:  # warm: connection, session question, packet limit, schema
@@ -211,8 +269,9 @@ def _prepare(url: DatabaseUrl) -> None:
     url.create_database()
     database = url.database()
     schema.migrate(database)
-    database.execute_sql("CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
-                         " name VARCHAR(64) NOT NULL)")
+    database.execute_sql("CREATE TABLE job (id BIGSERIAL PRIMARY KEY, name VARCHAR(64) NOT NULL)"
+                         if _is_pg(url) else "CREATE TABLE job (id BIGINT AUTO_INCREMENT"
+                         " PRIMARY KEY, name VARCHAR(64) NOT NULL)")
     database.close()
 
 
@@ -220,6 +279,9 @@ def _server_name(url: DatabaseUrl) -> str:
     conn = url.server_connection()
     try:
         with conn.cursor() as cur:
+            if _is_pg(url):
+                cur.execute("SELECT current_setting('server_version')")
+                return "PostgreSQL " + ".".join(cur.fetchone()[0].split()[0].split(".")[:2])
             return str(server_of(lambda sql: (cur.execute(sql), cur.fetchall())[1]))
     finally:
         conn.close()
@@ -249,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         name = _server_name(base)
         _prepare(url)
         proxy = DelayProxy((url.host, url.port), args.delay_ms / 1000)
-        delayed = DatabaseUrl("127.0.0.1", proxy.port, url.user, url.password, url.name,
-                              url.options)
+        delayed = dataclasses.replace(url, host="127.0.0.1", port=proxy.port)
         try:
             for level in args.levels:
                 for link, target, writes in (("direct", url, args.writes),
