@@ -336,3 +336,19 @@ CONTENTION_LEAVE_FLIGHT = Statement(
 #: The server's deadlocks in this database since its statistics were reset.
 DEADLOCKS = Statement(
     "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+#: How many other sessions are connected to this database. A session's counts reach
+#: pg_stat_database by the time it leaves pg_stat_activity (it flushes them at exit, before
+#: its entry there is cleared); a live one's only at most once a second, or after 10 s idle.
+OTHER_SESSIONS = Statement(
+    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND pid <> pg_backend_pid()")
+#: The row-lock waits going on now in this database's sessions (for a row's tuple lock, for
+#: the transaction that holds a row, or for an insert of the same unique key: what InnoDB
+#: counts as row-lock waits), each named by the waiting session and the instant its wait
+#: began (pg_locks.waitstart, PostgreSQL 14+; NULL for an instant after the wait starts, so
+#: such a row is left for the next look).
+LOCK_WAITS_NOW = Statement(
+    "SELECT l.pid, l.waitstart FROM pg_locks l"
+    " JOIN pg_stat_activity a ON a.pid = l.pid AND a.datname = current_database()"
+    " WHERE NOT l.granted AND l.waitstart IS NOT NULL"
+    " AND l.locktype IN ('tuple', 'transactionid', 'spectoken')")
