@@ -5,12 +5,16 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import threading
 
 import pytest
 
 from outbox_lite import OutboxRepository
+from outbox_lite._db import execute
 from outbox_lite.cli import main
 from outbox_lite.contention import SCENARIOS, ContentionSuite, format_table
+from outbox_lite.contention.suite import REGISTRY
+from outbox_lite.errors import LockConflictError
 
 from _helpers import FAMILY, TEST_URL
 
@@ -31,6 +35,55 @@ def test_each_scenario_holds_its_invariants(suite_url, scenario):
     if scenario == "cas":
         assert result.cas_misses is not None
     assert result.deadlocks == 0
+
+
+def _crossed_updates(suite, result, workers):
+    """Two workers each update one event, then the other's, in one transaction: each waits
+    for the other's row, and the server ends the deadlock by rolling one of them back."""
+    ids = suite.seed(2)
+    both_hold_one = threading.Barrier(2)
+
+    def worker(i):
+        bump = "UPDATE outbox_event SET attempt_count = attempt_count + 1 WHERE id = %s"
+        try:
+            with suite.database.atomic():
+                execute(suite.database, bump, (ids[i],))
+                both_hold_one.wait(timeout=30)
+                execute(suite.database, bump, (ids[1 - i],))
+        except LockConflictError:
+            workers.count_conflict()
+            return "rolled back"
+        return "committed"
+
+    results, errors = workers.run(2, worker)
+    result.violations += [repr(e) for e in errors]
+    result.claims = results.count("committed")
+    result.seconds = workers.seconds
+
+
+def test_the_suite_reads_deadlocks_and_lock_waits_from_the_server(suite_url, monkeypatch):
+    """A scenario of two crossed updates: the figures say what the server saw, read right
+    after it (a PostgreSQL session reports its counts only late while it lives: the suite reads
+    them once the scenario's sessions have ended).
+
+    Deadlocks: PostgreSQL counts them per database (pg_stat_database), and the suite's database
+    is its own: exactly 1. InnoDB counts them for the whole server, which other sessions share:
+    at least 1. Lock waits: InnoDB's counter (lock_row_lock_waits) has the waits; PostgreSQL
+    keeps no count, and the suite counts the waits it saw in pg_locks (each lasts until the
+    deadlock check, deadlock_timeout = 1 s by default, so it is seen): at least 1 either way."""
+    monkeypatch.setitem(REGISTRY, "crossed", _crossed_updates)
+    suite = ContentionSuite(suite_url, workers=2, events=2)
+    [result] = suite.run(["crossed"])
+    assert result.violations == []
+    assert (result.claims, result.lock_conflicts) == (1, 1)
+    if FAMILY.name == "postgresql":
+        assert result.deadlocks == 1
+        assert result.lock_waits_seen is True
+        assert "the server keeps no count of them" in format_table([result])
+    else:
+        assert result.deadlocks >= 1
+        assert result.lock_waits_seen is False
+    assert result.lock_waits >= 1
 
 
 def test_the_run_drops_its_database_unless_kept(suite_url):

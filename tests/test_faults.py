@@ -20,7 +20,8 @@ from outbox_lite import (
 from outbox_lite.contention import SuiteClock
 
 import _proc
-from _helpers import FAMILY, new_event, run_threads, seed
+from _helpers import FAMILY, claim_all, new_event, run_threads, seed
+from _sessions import ThreadSession
 
 CONNECTION_ERRORS = (ConnectionLostError, pw.OperationalError, pw.InterfaceError)
 
@@ -300,3 +301,68 @@ def test_sixteen_workers_in_the_documented_loop_never_deadlock(db, sink, fetch, 
                     " 'lock_expired'")[0]["n"]
     retried = fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE attempt_count > 1")[0]["n"]
     assert retried > 0 and expired > 0  # failures and expiries both happened in the race
+
+
+#: Session settings that make a statement visit rows in id order (an index scan) or in the
+#: heap's order (a sequential scan). PostgreSQL's planner takes either, per session; MySQL's
+#: statements name the primary key (FORCE INDEX (PRIMARY)), so both walk it in id order there
+#: whatever the session asks.
+_IN_ID_ORDER = {"postgresql": ["SET enable_seqscan = off", "SET enable_bitmapscan = off"],
+                "mysql": []}
+_IN_HEAP_ORDER = {"postgresql": ["SET enable_indexscan = off", "SET enable_bitmapscan = off"],
+                  "mysql": []}
+
+
+#: What a second session runs over the same expired claims: another releaser, or their late
+#: owner recording or renewing them all (fenced off: the first releaser has taken them).
+_LATE_CALLS = {
+    "release": lambda repo, ids: repo.release_expired_locks(60),
+    "publish_many": lambda repo, ids: repo.mark_published_many(ids, "dead-worker"),
+    "extend": lambda repo, ids: repo.extend_locks(ids, "dead-worker"),
+}
+
+
+@pytest.mark.parametrize("late", sorted(_LATE_CALLS))
+def test_statements_whose_plans_visit_the_claims_in_opposite_orders_never_deadlock(
+        db, db_url, repo, clock, fetch, late):
+    """A releaser's plan walks the expired claims in id order; the second session's (a
+    releaser, or the late owner's batch record or renewal) in the heap's, which the
+    renumbering made the opposite one. A third session holds the middle row: the releaser
+    waits there holding the rows below it, then the second starts. A statement that changed
+    rows in its plan's order would hold rows above the middle when the holder lets go: a
+    deadlock, every time, on PostgreSQL before these statements locked in id order. Locked in
+    id order first, the second waits for the releaser, and finds nothing left to change."""
+    ids = claim_all(repo, "dead-worker", 60)
+    db.execute_sql("UPDATE outbox_event SET id = 1000000 - id")  # heap order: ids descending
+    ids = sorted(1000000 - i for i in ids)
+    clock.advance(minutes=10)
+    holder, first, second = (ThreadSession(db_url, wait=60) for _ in range(3))
+    try:
+        for session, settings in ((first, _IN_ID_ORDER), (second, _IN_HEAP_ORDER)):
+            for statement in settings[FAMILY.name]:
+                session.run(session.db.execute_sql, statement)
+        holder.begin()
+        holder.run(holder.db.execute_sql,
+                   "SELECT id FROM outbox_event WHERE id = %s FOR UPDATE", (ids[30],))
+        releasing = first.start(
+            OutboxRepository(first.db, clock=clock).release_expired_locks, 60)
+        _until_waiting(fetch, first)
+        calling = second.start(_LATE_CALLS[late], OutboxRepository(second.db, clock=clock), ids)
+        _until_waiting(fetch, second)
+        holder.commit()
+        outcome = (releasing.result(timeout=60), calling.result(timeout=60))  # or a deadlock
+    finally:
+        for session in (holder, first, second):
+            session.close()
+    assert outcome == (len(ids), 0)
+    assert fetch("SELECT DISTINCT status, last_error_code, locked_by FROM outbox_event") == [
+        {"status": "pending", "last_error_code": "lock_expired", "locked_by": None}]
+
+
+def _until_waiting(fetch, session) -> None:
+    """Until ``session``'s transaction waits for a row lock (FAMILY.waits_for_lock; InnoDB
+    refreshes its view of waits when it was not read for 0.1 s, hence the pause)."""
+    deadline = time.monotonic() + 30
+    while not FAMILY.waits_for_lock(fetch, session.connection_id):
+        assert time.monotonic() < deadline, "the releaser never reached its lock wait"
+        time.sleep(0.1)

@@ -17,6 +17,7 @@ import re
 import select
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -337,12 +338,25 @@ class PostgreSQLFamily(Family):
         return bool(exists), bool(readable)
 
     @staticmethod
-    def lock_counters(database: pw.Database) -> LockCounters:
-        """The database's deadlocks (``pg_stat_database``); PostgreSQL counts no lock waits
-        (0 here; ``log_lock_waits`` logs those longer than ``deadlock_timeout``)."""
-        database.execute_sql("SELECT pg_stat_force_next_flush()")
+    def lock_counters(database: pw.Database, settle: float = 10.0) -> LockCounters:
+        """The database's deadlocks (``pg_stat_database``), once the other sessions of the
+        database have ended (waiting at most ``settle`` seconds): a live session reports its
+        counts late (at most once a second, or after 10 s idle), one that ended has reported
+        them all. PostgreSQL counts no lock waits: 0 here (see :meth:`lock_waits_now`)."""
+        deadline = time.monotonic() + settle
+        while database.execute_sql(sql.OTHER_SESSIONS).fetchone()[0] \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        database.execute_sql("SELECT pg_stat_force_next_flush()")  # this session's own
         (deadlocks,) = database.execute_sql(sql.DEADLOCKS).fetchone()
         return LockCounters(int(deadlocks or 0), 0)
+
+    @staticmethod
+    def lock_waits_now(database: pw.Database) -> set[tuple[Any, ...]]:
+        """The row-lock waits going on now in the database's sessions, each as (session,
+        instant its wait began): PostgreSQL keeps no count of lock waits, so the contention
+        suite looks at pg_locks often during a scenario and counts the distinct ones it saw."""
+        return {tuple(row) for row in database.execute_sql(sql.LOCK_WAITS_NOW).fetchall()}
 
     def listener(self, database: pw.Database) -> "Listener":
         """The relay's LISTEN on ``outbox_event``, on a connection of its own."""

@@ -4,6 +4,12 @@ MySQL family's (:mod:`.mysql_sql`), and the rule each one follows.
 * Rows change by primary key only (``WHERE id = ANY(%(ids)s)`` or ``id = %(id)s``), as
   compare-and-set ``UPDATE … WHERE id … AND status = … [AND locked_by = …]``: the row count
   decides (PostgreSQL counts the rows matched, changed or not).
+* A statement that changes several rows other sessions may change at the same time (the
+  releasers' RELEASE_EXPIRED, a late owner's MARK_PUBLISHED_MANY and EXTEND_LOCKS) changes
+  those a subquery has locked in id order (``id IN (SELECT id … ORDER BY id FOR UPDATE)``:
+  the rows are locked as the sort hands them out). In the plan's own order (an index's, or
+  the heap's for a bitmap or sequential scan, which updates shuffle) two such statements
+  could lock the same rows in opposite orders and deadlock; MySQL's walk the primary key.
 * Scans that find candidates are plain reads (a snapshot) and lock nothing; the claim then
   locks the candidates by id with ``FOR UPDATE SKIP LOCKED``. PostgreSQL has no gap locks: a
   locking range read would not block writers, but it would lock every row it passes.
@@ -127,7 +133,8 @@ MARK_PUBLISHED = Statement(
 MARK_PUBLISHED_MANY = Statement(
     "UPDATE outbox_event SET status = 'published', published_at = %(now)s,"
     " locked_by = NULL, locked_at = NULL, updated_at = %(now)s"
-    " WHERE id = ANY(%(ids)s) AND status = 'processing' AND locked_by = %(locked_by)s"
+    " WHERE id IN (SELECT id FROM outbox_event WHERE id = ANY(%(ids)s)"
+    " AND status = 'processing' AND locked_by = %(locked_by)s ORDER BY id FOR UPDATE)"
 )
 FAILED_FOR_GOOD = Statement(
     "UPDATE outbox_event SET status = 'failed', last_error_code = %(code)s,"
@@ -156,7 +163,8 @@ def retry_or_fail(steps: int) -> Statement:
 #: PostgreSQL counts matched rows: one statement says how many claims were renewed.
 EXTEND_LOCKS = Statement(
     "UPDATE outbox_event SET locked_at = %(now)s, updated_at = %(now)s"
-    " WHERE id = ANY(%(ids)s) AND status = 'processing' AND locked_by = %(locked_by)s"
+    " WHERE id IN (SELECT id FROM outbox_event WHERE id = ANY(%(ids)s)"
+    " AND status = 'processing' AND locked_by = %(locked_by)s ORDER BY id FOR UPDATE)"
 )
 
 # -- pages: lock-free keyset reads of ids -------------------------------------------------
@@ -186,8 +194,8 @@ RELEASE_EXPIRED = Statement(
     " || to_char(locked_at, 'YYYY-MM-DD HH24:MI:SS.US') || ' UTC expired',"
     " status = CASE WHEN attempt_count >= %(max_attempts)s THEN 'failed' ELSE 'pending' END,"
     " last_error_code = 'lock_expired', locked_by = NULL, locked_at = NULL,"
-    " updated_at = %(now)s WHERE id = ANY(%(ids)s) AND locked_at < %(cutoff)s"
-    " AND status = 'processing'"
+    " updated_at = %(now)s WHERE id IN (SELECT id FROM outbox_event WHERE id = ANY(%(ids)s)"
+    " AND locked_at < %(cutoff)s AND status = 'processing' ORDER BY id FOR UPDATE)"
 )
 REQUEUE_FAILED = Statement(
     "UPDATE outbox_event SET status = 'pending', attempt_count = 0, available_at = %(now)s,"
@@ -338,3 +346,19 @@ CONTENTION_LEAVE_FLIGHT = Statement(
 #: The server's deadlocks in this database since its statistics were reset.
 DEADLOCKS = Statement(
     "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+#: How many other sessions are connected to this database. A session's counts reach
+#: pg_stat_database by the time it leaves pg_stat_activity (it flushes them at exit, before
+#: its entry there is cleared); a live one's only at most once a second, or after 10 s idle.
+OTHER_SESSIONS = Statement(
+    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND pid <> pg_backend_pid()")
+#: The row-lock waits going on now in this database's sessions (for a row's tuple lock, for
+#: the transaction that holds a row, or for an insert of the same unique key: what InnoDB
+#: counts as row-lock waits), each named by the waiting session and the instant its wait
+#: began (pg_locks.waitstart, PostgreSQL 14+; NULL for an instant after the wait starts, so
+#: such a row is left for the next look).
+LOCK_WAITS_NOW = Statement(
+    "SELECT l.pid, l.waitstart FROM pg_locks l"
+    " JOIN pg_stat_activity a ON a.pid = l.pid AND a.datname = current_database()"
+    " WHERE NOT l.granted AND l.waitstart IS NOT NULL"
+    " AND l.locktype IN ('tuple', 'transactionid', 'spectoken')")
