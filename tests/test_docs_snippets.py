@@ -52,12 +52,11 @@ def _lines(page: str, lang: str, start: str) -> list[str]:
 
 def test_getting_started_runs_as_written(db_url, fetch, tmp_path, rds, queue):
     page = "docs/getting-started.md"
-    url = db_url
     # MySQL and MariaDB: the command's default URL; PostgreSQL: the page sets it first.
     assert _lines(page, "sh", "export OUTBOX_DATABASE_URL=") == (
         [] if FAMILY.name == "mysql" else [f"export OUTBOX_DATABASE_URL={URLS[FAMILY.name]}"])
     [migrate] = _lines(page, "sh", "outbox-lite migrate")
-    first = _shell(migrate, tmp_path, url)
+    first = _shell(migrate, tmp_path, db_url)
     assert first.returncode == 0 and first.stdout == f"{db_url.name} is up to date\n", first
     write = block(page, "create_in_transaction(", lang="python")
     consume = block(page, "inbox.accept(job.id)", lang="python")
@@ -65,7 +64,7 @@ def test_getting_started_runs_as_written(db_url, fetch, tmp_path, rds, queue):
     assert write.count(CONNECT) == 1 and consume.count(CONNECT) == 1
     assert _python(write.replace(CONNECT, connect(db_url)), tmp_path) == \
         "order 1 and its event committed together\n"
-    relayed = _shell(relay.replace("domain-events", queue), tmp_path, url)
+    relayed = _shell(relay.replace("domain-events", queue), tmp_path, db_url)
     assert relayed.returncode == 0, relayed.stderr
     assert json.loads(rds.hget(f"bull:{queue}:outbox-order.placed%3A1", "data")) == \
         {"order_id": 1}  # the job the page names

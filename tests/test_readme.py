@@ -108,10 +108,6 @@ def _broker_block(marker: str, page: str) -> tuple[str, str]:
     return block, " ".join(printed.group(1).split())
 
 
-def _ours(db_url) -> str:
-    return connect(db_url)
-
-
 def _run_block(block: str, tmp_path) -> str:
     script = tmp_path / "readme_broker.py"
     script.write_text(block, encoding="utf-8")
@@ -128,7 +124,7 @@ def test_the_rabbitmq_snippet_runs_as_written_and_prints_what_it_says(db_url, fe
     assert block.count(CONNECT) == 1
     target = Exchange(SHARED_RABBITMQ, f"readme-{db_url.name}", f"readme-{db_url.name}-q")
     try:
-        out = _run_block(block.replace(CONNECT, _ours(db_url))
+        out = _run_block(block.replace(CONNECT, connect(db_url))
                          .replace('"orders"', repr(target.name))
                          .replace('"billing"', repr(target.queue)), tmp_path)
         assert out == printed
@@ -146,7 +142,7 @@ def test_the_nats_snippet_runs_as_written_and_prints_what_it_says(db_url, fetch,
     prefix = f"readme-{db_url.name}".replace("_", "-")
     target = Stream(SHARED_NATS, f"README_{db_url.name}", prefix, [f"{prefix}.>"])
     try:
-        out = _run_block(block.replace(CONNECT, _ours(db_url))
+        out = _run_block(block.replace(CONNECT, connect(db_url))
                          .replace('"SHOP"', repr(target.name))
                          .replace('"shop.>"', repr(f"{prefix}.>"))
                          .replace('"shop.order.paid"', repr(f"{prefix}.order.paid"))
@@ -165,7 +161,7 @@ def test_the_metrics_snippet_runs_after_the_relay_snippets_setup(db_url, fetch, 
     metrics_block = docs_block("docs/guides/metrics.md", "RelayMetrics(registry)", lang="python")
     setup = _relay_block().split("with BullMQPublisher(")[0]
     script = tmp_path / "readme_metrics.py"
-    script.write_text((setup + metrics_block).replace(CONNECT, _ours(db_url))
+    script.write_text((setup + metrics_block).replace(CONNECT, connect(db_url))
                       .replace('"domain-events"', repr(queue))
                       .replace("metrics.serve(9464)", "metrics.serve(0)"), encoding="utf-8")
     result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
@@ -180,7 +176,7 @@ def test_the_inbox_snippet_runs_as_written(db_url, fetch, tmp_path):
     block = docs_block("docs/guides/consuming.md", 'Inbox(db, "billing")', lang="python")
     assert block.count(CONNECT) == 1
     script = tmp_path / "readme_inbox.py"
-    script.write_text(block.replace(CONNECT, _ours(db_url)), encoding="utf-8")
+    script.write_text(block.replace(CONNECT, connect(db_url)), encoding="utf-8")
     for expected in ("True\nFalse\n", "False\nFalse\n"):
         result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
                                 capture_output=True, text=True)
