@@ -1,6 +1,6 @@
 """Every code block in README.md and docs/ is run by a test as written or marked a fragment
 (tests/_docs.py says how), and a block that names its test names one that exists and reads
-that block's page. Mermaid diagrams are exempt: tests/test_docs_browser.py renders them."""
+that block's page. Mermaid diagrams are exempt: scripts/check_site.py renders them."""
 
 from __future__ import annotations
 
