@@ -13,7 +13,8 @@ from pathlib import Path
 
 from outbox_lite import OutboxRepository
 
-from _docs import CONNECT, block, blocks, connect
+from _docs import CONNECT, URLS, block, connect, family_blocks
+from _helpers import FAMILY
 
 
 def _python(code: str, tmp_path: Path, name: str = "snippet.py", timeout: float = 90,
@@ -27,32 +28,22 @@ def _python(code: str, tmp_path: Path, name: str = "snippet.py", timeout: float 
 
 
 def _shell(line: str, tmp_path: Path, url, *extra: str) -> subprocess.CompletedProcess[str]:
-    """A command line of the docs, with this test's database (and ``extra`` flags)."""
+    """A command line of the docs, with this test's database (its URL, password and options
+    included, in place of the page's ``OUTBOX_DATABASE_URL``) and ``extra`` flags."""
     assert line.startswith("outbox-lite "), line
     args = line.split()[1:]
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "OUTBOX_DATABASE_URL": url.secret_text() if hasattr(url, "secret_text")
-           else str(url), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "OUTBOX_DATABASE_URL": url.secret_text(),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run([str(bin_dir / "outbox-lite"), *args, *extra], cwd=tmp_path,
                           timeout=120, capture_output=True, text=True, env=env)
 
 
 def _lines(page: str, lang: str, start: str) -> list[str]:
-    return [line for b in blocks(page) if b.lang == lang
+    """The lines starting with ``start`` of ``page``'s ``lang`` blocks, outside tabs and in
+    the test server's family's tab."""
+    return [line for b in family_blocks(page) if b.lang == lang
             for line in b.code.splitlines() if line.startswith(start)]
-
-
-def _url_text(db_url) -> str:
-    password = f":{db_url.password}" if db_url.password else ""
-    return f"mysql://{db_url.user}{password}@{db_url.host}:{db_url.port}/{db_url.name}"
-
-
-class _Url:  # the URL of a test database with its password, for the commands' environment
-    def __init__(self, db_url) -> None:
-        self.text = _url_text(db_url)
-
-    def secret_text(self) -> str:
-        return self.text
 
 
 # ---------------------------------------------------------------------------
@@ -61,9 +52,11 @@ class _Url:  # the URL of a test database with its password, for the commands' e
 
 def test_getting_started_runs_as_written(db_url, fetch, tmp_path, rds, queue):
     page = "docs/getting-started.md"
-    url = _Url(db_url)
+    # MySQL and MariaDB: the command's default URL; PostgreSQL: the page sets it first.
+    assert _lines(page, "sh", "export OUTBOX_DATABASE_URL=") == (
+        [] if FAMILY.name == "mysql" else [f"export OUTBOX_DATABASE_URL={URLS[FAMILY.name]}"])
     [migrate] = _lines(page, "sh", "outbox-lite migrate")
-    first = _shell(migrate, tmp_path, url)
+    first = _shell(migrate, tmp_path, db_url)
     assert first.returncode == 0 and first.stdout == f"{db_url.name} is up to date\n", first
     write = block(page, "create_in_transaction(", lang="python")
     consume = block(page, "inbox.accept(job.id)", lang="python")
@@ -71,7 +64,7 @@ def test_getting_started_runs_as_written(db_url, fetch, tmp_path, rds, queue):
     assert write.count(CONNECT) == 1 and consume.count(CONNECT) == 1
     assert _python(write.replace(CONNECT, connect(db_url)), tmp_path) == \
         "order 1 and its event committed together\n"
-    relayed = _shell(relay.replace("domain-events", queue), tmp_path, url)
+    relayed = _shell(relay.replace("domain-events", queue), tmp_path, db_url)
     assert relayed.returncode == 0, relayed.stderr
     assert json.loads(rds.hget(f"bull:{queue}:outbox-order.placed%3A1", "data")) == \
         {"order_id": 1}  # the job the page names
@@ -117,7 +110,7 @@ def test_the_publisher_factory_runs_as_written(db, db_url, fetch, tmp_path):
                                      aggregate_id="8", payload={"n": 1})
     db.close()
     [line] = _lines(page, "sh", "outbox-lite relay")
-    result = _shell(line, tmp_path, _Url(db_url), "--until-empty")
+    result = _shell(line, tmp_path, db_url, "--until-empty")
     assert result.returncode == 0, result.stderr
     lines = (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(x) for x in lines] == [
@@ -162,10 +155,10 @@ def _relay_on_a_fresh_broker(db, db_url, fetch, tmp_path, line: str, refusal: st
                                      aggregate_id="9", payload={"order_id": 9},
                                      dedupe_key="order.paid:9")
     db.close()
-    before = _shell(line, tmp_path, _Url(db_url), "--until-empty")
+    before = _shell(line, tmp_path, db_url, "--until-empty")
     assert before.returncode == 1 and refusal in before.stderr, before.stderr
     _python(setup, tmp_path)
-    result = _shell(line, tmp_path, _Url(db_url), "--until-empty")
+    result = _shell(line, tmp_path, db_url, "--until-empty")
     assert result.returncode == 0, result.stderr
     assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from outbox_lite._db import DEFAULT_URL, DatabaseUrl
 
-from _docs import CONNECT, ROOT, block as docs_block
+from _docs import CONNECT, ROOT, URLS, block as docs_block, connect, family_blocks
+from _helpers import FAMILY
 
 README = ROOT / "README.md"
 
@@ -37,16 +38,29 @@ def _relay_block() -> str:
 
 
 def test_the_connection_is_what_the_setup_made():
+    """The programs connect to the database the setup's ``outbox-lite migrate`` made: on
+    MySQL and MariaDB the command's default URL; on PostgreSQL the URL the pages set in
+    ``OUTBOX_DATABASE_URL`` first (the default stays MySQL's)."""
     default = DatabaseUrl.parse(DEFAULT_URL)
     assert (default.name, default.host, default.port, default.user, default.password) == (
         "outbox_lite", "127.0.0.1", 3306, "root", "")
+    setup = DatabaseUrl.parse(URLS[FAMILY.name])
+    assert (setup.name, setup.host, setup.user, setup.password) == (
+        "outbox_lite", "127.0.0.1", {"mysql": "root", "postgresql": "postgres"}[FAMILY.name], "")
+    assert setup.port == {"mysql": 3306, "postgresql": 5432}[FAMILY.name]
+    if FAMILY.name == "mysql":
+        assert setup == default
+    else:  # both pages that run `outbox-lite migrate` first tell the reader to set the URL
+        for page in ("README.md", "docs/getting-started.md"):
+            assert f"OUTBOX_DATABASE_URL={URLS['postgresql']}" in (ROOT / page).read_text(
+                encoding="utf-8"), page
     assert _first_python_block().count(CONNECT) == 1
+    assert f'"{setup.name}", host="{setup.host}", user="{setup.user}"' in CONNECT
 
 
 def test_the_first_usage_snippet_runs_as_written(db_url, fetch, tmp_path):
     """Run twice on a migrated database of its own, so a second run must work too."""
-    ours = (f"peewee.MySQLDatabase({db_url.name!r}, host={db_url.host!r}, port={db_url.port},"
-            f" user={db_url.user!r}, password={db_url.password!r}, charset=\"utf8mb4\")")
+    ours = connect(db_url)
     script = tmp_path / "readme_usage.py"
     script.write_text(_first_python_block().replace(CONNECT, ours), encoding="utf-8")
     for job_id in (1, 2):
@@ -66,8 +80,7 @@ def test_the_first_usage_snippet_runs_as_written(db_url, fetch, tmp_path):
 def test_the_relay_snippet_runs_as_written(db_url, fetch, tmp_path, rds, queue):
     block = _relay_block()
     assert block.count(CONNECT) == 1 and block.count('"domain-events"') == 1
-    ours = (f"peewee.MySQLDatabase({db_url.name!r}, host={db_url.host!r}, port={db_url.port},"
-            f" user={db_url.user!r}, password={db_url.password!r}, charset=\"utf8mb4\")")
+    ours = connect(db_url)
     script = tmp_path / "readme_relay.py"
     script.write_text(block.replace(CONNECT, ours).replace('"domain-events"', repr(queue)),
                       encoding="utf-8")
@@ -86,17 +99,13 @@ def test_the_relay_snippet_runs_as_written(db_url, fetch, tmp_path, rds, queue):
 
 def _broker_block(marker: str, page: str) -> tuple[str, str]:
     """The python block holding ``marker`` and what its page says it prints."""
-    block = docs_block(page, marker, lang="python")
-    text = _page(page).read_text(encoding="utf-8")
-    after = text[text.index(block) + len(block):]
+    [found] = [b for b in family_blocks(page) if b.lang == "python" and marker in b.code]
+    block = found.code
+    lines = _page(page).read_text(encoding="utf-8").split("\n")
+    after = "\n".join(line.strip() for line in lines[found.line + block.count("\n"):])
     printed = re.search(r"It prints `(.*?)`\n?\(", after, re.DOTALL)
     assert printed, f"{page} does not say what the {marker} block prints"
     return block, " ".join(printed.group(1).split())
-
-
-def _ours(db_url) -> str:
-    return (f"peewee.MySQLDatabase({db_url.name!r}, host={db_url.host!r}, port={db_url.port},"
-            f" user={db_url.user!r}, password={db_url.password!r}, charset=\"utf8mb4\")")
 
 
 def _run_block(block: str, tmp_path) -> str:
@@ -115,7 +124,7 @@ def test_the_rabbitmq_snippet_runs_as_written_and_prints_what_it_says(db_url, fe
     assert block.count(CONNECT) == 1
     target = Exchange(SHARED_RABBITMQ, f"readme-{db_url.name}", f"readme-{db_url.name}-q")
     try:
-        out = _run_block(block.replace(CONNECT, _ours(db_url))
+        out = _run_block(block.replace(CONNECT, connect(db_url))
                          .replace('"orders"', repr(target.name))
                          .replace('"billing"', repr(target.queue)), tmp_path)
         assert out == printed
@@ -133,7 +142,7 @@ def test_the_nats_snippet_runs_as_written_and_prints_what_it_says(db_url, fetch,
     prefix = f"readme-{db_url.name}".replace("_", "-")
     target = Stream(SHARED_NATS, f"README_{db_url.name}", prefix, [f"{prefix}.>"])
     try:
-        out = _run_block(block.replace(CONNECT, _ours(db_url))
+        out = _run_block(block.replace(CONNECT, connect(db_url))
                          .replace('"SHOP"', repr(target.name))
                          .replace('"shop.>"', repr(f"{prefix}.>"))
                          .replace('"shop.order.paid"', repr(f"{prefix}.order.paid"))
@@ -152,7 +161,7 @@ def test_the_metrics_snippet_runs_after_the_relay_snippets_setup(db_url, fetch, 
     metrics_block = docs_block("docs/guides/metrics.md", "RelayMetrics(registry)", lang="python")
     setup = _relay_block().split("with BullMQPublisher(")[0]
     script = tmp_path / "readme_metrics.py"
-    script.write_text((setup + metrics_block).replace(CONNECT, _ours(db_url))
+    script.write_text((setup + metrics_block).replace(CONNECT, connect(db_url))
                       .replace('"domain-events"', repr(queue))
                       .replace("metrics.serve(9464)", "metrics.serve(0)"), encoding="utf-8")
     result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
@@ -167,7 +176,7 @@ def test_the_inbox_snippet_runs_as_written(db_url, fetch, tmp_path):
     block = docs_block("docs/guides/consuming.md", 'Inbox(db, "billing")', lang="python")
     assert block.count(CONNECT) == 1
     script = tmp_path / "readme_inbox.py"
-    script.write_text(block.replace(CONNECT, _ours(db_url)), encoding="utf-8")
+    script.write_text(block.replace(CONNECT, connect(db_url)), encoding="utf-8")
     for expected in ("True\nFalse\n", "False\nFalse\n"):
         result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, timeout=60,
                                 capture_output=True, text=True)
