@@ -8,7 +8,9 @@ the search index and scripts load as they would), and each page is opened in one
 Chromium driven through the DevTools protocol on a pipe (no driver, no npm package). A page
 passes when it loads with no console error, no uncaught exception and no failed request, and
 every Mermaid diagram on it became an SVG (Material for MkDocs renders each into a closed
-shadow root, which the protocol's DOM pierces). Exit 0 when every page passes, else 1 with one
+shadow root, which the protocol's DOM pierces), and no Markdown extension's syntax is left as
+text (a line of the page's visible text that starts ``=== "`` is a content tab whose extension
+is off; ``!!! `` an admonition). Exit 0 when every page passes, else 1 with one
 line per problem.
 """
 
@@ -18,6 +20,7 @@ import argparse
 import functools
 import http.server
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -150,6 +153,10 @@ def _shadow_svgs(node: dict[str, Any]) -> int:
     return count
 
 
+#: A line of visible text that is Markdown an extension should have turned into HTML.
+UNRENDERED = re.compile(r'\s*(=== "|!!! [a-z]|\?\?\?\+? [a-z])')
+
+
 def check(site: Path, binary: str) -> tuple[int, int, list[str]]:
     pages = sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html"))
     server, base = _serve(site)
@@ -181,8 +188,12 @@ def check(site: Path, binary: str) -> tuple[int, int, list[str]]:
                     break
                 time.sleep(0.2)
             time.sleep(0.3)  # late console messages of the page's own scripts
-            browser.send("Runtime.evaluate", {"expression": "1"}, session=session)
+            text = browser.send("Runtime.evaluate", {"expression": "document.body.innerText",
+                                                     "returnByValue": True},
+                                session=session)["result"].get("value", "")
             problems += [f"{page}: {p}" for p in _problems_in(browser.events)]
+            problems += [f"{page}: unrendered Markdown: {line.strip()[:60]!r}"
+                         for line in text.splitlines() if UNRENDERED.match(line)]
             if rendered != expected:
                 problems.append(f"{page}: {rendered} of {expected} Mermaid diagrams rendered")
             diagrams += rendered
