@@ -117,6 +117,16 @@ class Server:
 
 _EXACT = 'COLLATE "C"'
 _INSTANT = "timestamp(6) without time zone"
+_PRECISION_RE = re.compile(r"\((\d+)\)")
+#: Why a ``timestamptz`` column will not do: the library writes and reads naive UTC instants,
+#: which such a column takes as times of the session's TimeZone (stored shifted by its offset,
+#: read back as that zone's wall time, a wrong instant); right only in sessions on UTC.
+_ZONED = ("the library's UTC instants would be taken as times of the session's TimeZone: "
+          "stored and read back shifted by its offset in any zone but UTC")
+#: Why a ``jsonb`` column will not do (measured on PostgreSQL 15 through the library): it keeps
+#: a parsed value, not the text written, so consumers would read other text back, silently.
+_BINARY_JSON = ("jsonb does not keep the JSON text written: keys come back reordered and "
+                "numbers rewritten, 1e+16 as 10000000000000000")
 
 
 class PostgreSQLFamily(Family):
@@ -141,6 +151,25 @@ class PostgreSQLFamily(Family):
     def claim_level_for(self, session_level: str) -> str | None:
         """READ COMMITTED for the relay's own claim unless the session's is already."""
         return None if session_level == self.claim_level else self.claim_level
+
+    def refused_type(self, name: str, kind: str, needed: Column) -> tuple[str, str] | None:
+        """(what is wrong, the repair) for an instant column of ``timestamp with time zone``
+        or a JSON column of ``jsonb``; None for any other type (the schema check's own
+        comparison judges it). A timestamptz column's repair converts at UTC (``USING …
+        AT TIME ZONE 'UTC'``): without it PostgreSQL would convert at the repairing
+        session's TimeZone."""
+        if needed.kind == _INSTANT and kind.endswith("with time zone"):
+            precision = _PRECISION_RE.search(kind)
+            why = _ZONED
+            if precision is not None and int(precision[1]) < 6:
+                why += ", and they would lose their microseconds"
+            return (f"{name} is {kind}, not {_INSTANT} ({why})",
+                    f"ALTER COLUMN {name} TYPE {needed.definition} USING {name} AT TIME ZONE"
+                    " 'UTC'")
+        if needed.kind == "json" and kind == "jsonb":
+            return (f"{name} is jsonb, not json ({_BINARY_JSON})",
+                    self.modify_column.format(name=name, definition=needed.definition))
+        return None
 
     @property
     def driver_errors(self) -> tuple[type[BaseException], ...]:  # type: ignore[override]
