@@ -88,6 +88,18 @@ def _first_line(exc: BaseException | None) -> str:
     return text.splitlines()[0].strip() if text else type(error).__name__
 
 
+def _encoding_name(encoding: Any) -> str:
+    """An encoding's name as the server gives it (SQL_ASCII's setting comes from psycopg 3 as
+    bytes)."""
+    if isinstance(encoding, (bytes, bytearray)):
+        return bytes(encoding).decode("ascii", "replace")
+    return str(encoding)
+
+
+def _is_utf8(encoding: str) -> bool:
+    return encoding.upper().replace("-", "") == "UTF8"
+
+
 # ---------------------------------------------------------------------------
 # The server
 # ---------------------------------------------------------------------------
@@ -292,15 +304,19 @@ class PostgreSQLFamily(Family):
         not UTF8: SQL_ASCII would hand text back as bytes, LATIN1 refuse most characters."""
         isolation, version, server_encoding, client_encoding = database.execute_sql(
             sql.SESSION).fetchone()
-        for what, encoding in (("database", server_encoding), ("connection",
-                                                                client_encoding)):
-            if isinstance(encoding, (bytes, bytearray)):  # SQL_ASCII: psycopg 3 gives bytes
-                encoding = bytes(encoding).decode("ascii", "replace")
-            if str(encoding).upper().replace("-", "") != "UTF8":
-                raise ValueError(
-                    f"the {what}'s encoding is {encoding}, not UTF8: events would not be "
-                    "stored and read back as they are (create the database with ENCODING "
-                    "'UTF8', as outbox-lite migrate does)")
+        database_encoding = _encoding_name(server_encoding)
+        if not _is_utf8(database_encoding):
+            raise ValueError(
+                f"the database's encoding is {database_encoding}, not UTF8: events would not "
+                "be stored and read back as they are (create the database with ENCODING "
+                "'UTF8', as outbox-lite migrate does)")
+        connection_encoding = _encoding_name(client_encoding)
+        if not _is_utf8(connection_encoding):  # the database is UTF8: the connection is wrong
+            raise ValueError(
+                f"the connection's encoding is {connection_encoding}, not UTF8: events would "
+                "not be stored and read back as they are (the database is UTF8; connect with "
+                "client_encoding UTF8: the driver's client_encoding option, PGCLIENTENCODING, "
+                "or the role's or database's client_encoding setting)")
         return True, str(isolation), Server(str(version))
 
     @staticmethod
