@@ -17,11 +17,13 @@ encoding (UTF8, as ``outbox-lite migrate`` creates it) and round-trips them exac
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import peewee as pw
 import pytest
 
 from outbox_lite import OutboxRepository
+from outbox_lite import migrate as schema
 from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
 
 from _helpers import FAMILY, capture_sql, driver_of
@@ -136,3 +138,96 @@ def test_four_byte_characters_round_trip_in_every_text_column(db_url, fetch):
     assert row["last_error_message"] == f"broker said {text}"
     assert "?" not in row["payload"] and text in row["payload"]
     database.close()
+
+
+CONNECTION_REPAIR = ("(the database is UTF8; connect with client_encoding UTF8: the driver's "
+                     "client_encoding option, PGCLIENTENCODING, or the role's or database's "
+                     "client_encoding setting)")
+DATABASE_REPAIR = "(create the database with ENCODING 'UTF8', as outbox-lite migrate does)"
+
+
+def _create_refused(database: Any) -> str:
+    """The ValueError's message of an event's creation on ``database``, which must be refused
+    after the session question alone (nothing sent that writes)."""
+    repo = OutboxRepository(database)
+    with capture_sql(database) as statements, pytest.raises(ValueError) as caught:
+        with database.atomic():
+            repo.create_in_transaction(event_type="t", aggregate_type="a",
+                                       aggregate_id=ROCKET, payload={"t": ROCKET})
+    assert [sql.split()[0] for sql, _ in statements] == ["BEGIN", "SELECT", "ROLLBACK"]
+    database.close()
+    return str(caught.value)
+
+
+def test_a_connection_of_another_encoding_on_a_utf8_database_names_the_connection(
+        db_url, fetch, monkeypatch):
+    """Before, a UTF8 database reached through a LATIN1 connection was refused with "create
+    the database with ENCODING 'UTF8'", which it has. The connection's encoding comes from the
+    driver's client_encoding option or libpq's PGCLIENTENCODING: each is refused with the
+    connection's repair, and the repair works. MySQL names the connection's charset before any
+    SQL (the database's own charset does not matter there: the tables carry utf8mb4)."""
+    if FAMILY.name == "mysql":
+        database = _peewee_default(db_url, charset="latin1")
+        with pytest.raises(ValueError) as caught:
+            OutboxRepository(database)
+        assert "charset 'latin1'" in str(caught.value)
+        assert "charset='utf8mb4'" in str(caught.value)
+        assert "create the database" not in str(caught.value)
+        assert fetch("SELECT COUNT(*) AS n FROM outbox_event")[0]["n"] == 0
+        return
+    expected = ("the connection's encoding is LATIN1, not UTF8: events would not be stored and "
+                f"read back as they are {CONNECTION_REPAIR}")
+    assert fetch("SELECT current_setting('server_encoding') AS e") == [{"e": "UTF8"}]
+    assert _create_refused(db_url.database(client_encoding="LATIN1")) == expected
+    monkeypatch.setenv("PGCLIENTENCODING", "LATIN1")
+    assert _create_refused(db_url.database()) == expected
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event")[0]["n"] == 0
+    database = db_url.database(client_encoding="UTF8")  # the repair named, with the variable
+    repo = OutboxRepository(database)
+    with database.atomic():
+        event = repo.create_in_transaction(event_type="t", aggregate_type="a",
+                                           aggregate_id=ROCKET, payload={"t": ROCKET})
+    database.close()
+    assert fetch("SELECT aggregate_id FROM outbox_event WHERE id = %s", event.id) == [
+        {"aggregate_id": ROCKET}]
+
+
+def test_a_database_of_another_encoding_is_refused_with_the_database_repair(db_url, fetch):
+    """A LATIN1 database (its connections speak LATIN1 too, by default) is refused for the
+    database, with the database's repair, and nothing is written; a UTF8 connection to it is
+    refused the same (the server would still refuse most characters). MySQL and MariaDB: a
+    database of latin1 by default, migrated, keeps every character (each table is utf8mb4)."""
+    url = db_url.with_name(f"{db_url.name}_latin1")
+    url.drop_database()
+    if FAMILY.name == "mysql":
+        fetch(f"CREATE DATABASE {url.name} CHARACTER SET latin1")
+    else:
+        fetch(f"CREATE DATABASE {url.name} ENCODING 'LATIN1' LOCALE 'C' TEMPLATE template0")
+    try:
+        if FAMILY.name == "mysql":
+            database = QuietMySQLDatabase(url.name, host=url.host, port=url.port, user=url.user,
+                                          password=url.password, charset="utf8mb4")
+            schema.migrate(database)
+            repo = OutboxRepository(database)
+            with database.atomic():
+                event = repo.create_in_transaction(event_type="t", aggregate_type="a",
+                                                   aggregate_id=ROCKET, payload={"t": ROCKET})
+            assert database.execute_sql("SELECT aggregate_id FROM outbox_event WHERE id = %s",
+                                        (event.id,)).fetchone() == (ROCKET,)
+            database.close()
+            return
+        setup = url.database()  # migration 001's table, made by hand
+        scope: dict[str, Any] = {}
+        exec((schema.migrations_dir() / "001_create_outbox_event.py").read_text(), scope)
+        setup.execute_sql(scope["POSTGRESQL"][0])
+        setup.close()
+        expected = ("the database's encoding is LATIN1, not UTF8: events would not be stored "
+                    f"and read back as they are {DATABASE_REPAIR}")
+        for database in (url.database(), url.database(client_encoding="UTF8")):
+            message = _create_refused(database)
+            assert message == expected and "client_encoding" not in message
+        check = url.database()
+        assert check.execute_sql("SELECT COUNT(*) FROM outbox_event").fetchone() == (0,)
+        check.close()
+    finally:
+        url.drop_database()

@@ -14,6 +14,7 @@ the exactness whatever the default).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -323,3 +324,143 @@ def test_the_first_use_check_is_one_query_per_database_object(db_url):
     checks = [sql for sql, _ in statements if FAMILY.CATALOG_WORD in sql]
     assert len(checks) == 1
     database.close()
+
+
+# ---------------------------------------------------------------------------
+# Types that hold the values but change them: a zoned instant, a binary JSON
+# ---------------------------------------------------------------------------
+
+def _refused_before_writing(db_url, fetch, expected: str) -> None:
+    """The repository, ``migrate`` and the command line refuse with ``expected``; nothing is
+    written."""
+    database = db_url.database()
+    repo = OutboxRepository(database)
+    with database.atomic():
+        with pytest.raises(SchemaError) as wrong:
+            repo.create_in_transaction(event_type="t", aggregate_type="a", aggregate_id="1",
+                                       payload={"b": 1, "a": 2})
+    assert str(wrong.value) == expected
+    with pytest.raises(SchemaError) as again:
+        schema.migrate(database)
+    assert str(again.value) == expected
+    database.close()
+    ran = _cli(db_url, "stats")
+    assert (ran.returncode, ran.stderr) == (1, f"outbox-lite stats: error: {expected}\n")
+    assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]
+
+
+ZONED = ("the library's UTC instants would be taken as times of the session's TimeZone: stored "
+         "and read back shifted by its offset in any zone but UTC")
+
+
+def test_an_instant_column_with_a_time_zone_is_refused_for_the_shift_it_would_make(db_url,
+                                                                                   fetch):
+    """PostgreSQL's ``timestamptz`` takes the naive UTC instants the library writes as times
+    of the session's TimeZone: in a session on Europe/Berlin an event created at 01:30 UTC is
+    stored as 00:30 UTC and read back as 01:30+01:00. Before, it was refused "(its instants
+    would lose their microseconds)", which is not what goes wrong, and the repair it gave
+    converted at the repairing session's TimeZone (shifting every row in a session not on
+    UTC). MySQL's zoned type is TIMESTAMP(6): refused there with MODIFY … DATETIME(6)."""
+    if FAMILY.name == "mysql":
+        _hand_made(fetch, ("available_at       DATETIME(6)", "available_at       TIMESTAMP(6)"))
+        database = db_url.database()
+        with pytest.raises(SchemaError) as wrong:
+            OutboxRepository(database).find_dispatchable()
+        database.close()
+        assert str(wrong.value).startswith(
+            f"table outbox_event in database {db_url.name} is not as outbox_lite needs it: "
+            "available_at is timestamp(6), not datetime(6)")
+        assert str(wrong.value).endswith(
+            "repair: ALTER TABLE outbox_event MODIFY available_at DATETIME(6) NOT NULL")
+        assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]
+        return
+    _hand_made(fetch, ("available_at       TIMESTAMP(6)", "available_at       TIMESTAMPTZ"),
+               ("locked_at          TIMESTAMP(6)", "locked_at          TIMESTAMPTZ(3)"))
+    expected = (
+        f"table outbox_event in database {db_url.name} is not as outbox_lite needs it: "
+        f"available_at is timestamp(6) with time zone, not timestamp(6) without time zone "
+        f"({ZONED}), locked_at is timestamp(3) with time zone, not timestamp(6) without time "
+        f"zone ({ZONED}, and they would lose their microseconds); repair: ALTER TABLE "
+        "outbox_event ALTER COLUMN available_at TYPE TIMESTAMP(6) USING available_at AT TIME "
+        "ZONE 'UTC', ALTER COLUMN locked_at TYPE TIMESTAMP(6) USING locked_at AT TIME ZONE "
+        "'UTC'")
+    _refused_before_writing(db_url, fetch, expected)
+    # What the server does with such a column: the same instant, stored from a session on
+    # UTC and from one on Europe/Berlin, is two instants an hour apart.
+    berlin = db_url.database(options="-c TimeZone=Europe/Berlin")
+    utc = db_url.database(options="-c TimeZone=UTC")
+    naive = "2026-03-29 01:30:00.123456"
+    assert berlin.execute_sql("SELECT (%s::timestamp::timestamptz AT TIME ZONE 'UTC')::text",
+                              (naive,)).fetchone() == ("2026-03-29 00:30:00.123456",)
+    # A row stored right (from a session on UTC); the repair, run from a session on Berlin,
+    # keeps its instant.
+    utc.execute_sql("INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
+                    " dedupe_key, payload, status, attempt_count, available_at, created_at,"
+                    " updated_at) VALUES ('t', 'a', '1', 'k', '{}', 'pending', 0, %s, %s, %s)",
+                    (naive, naive, naive))
+    berlin.execute_sql(expected.split("repair: ")[1])
+    assert fetch("SELECT available_at::text AS t FROM outbox_event") == [
+        {"t": "2026-03-29 01:30:00.123456"}]
+    berlin.close()
+    utc.close()
+    database = db_url.database()
+    repo = OutboxRepository(database)
+    seed(repo, 1)
+    with database.atomic():
+        assert len(repo.claim_batch("w", limit=5)) == 2
+    database.close()
+
+
+BINARY_JSON = ("jsonb does not keep the JSON text written: keys come back reordered and numbers "
+               "rewritten, 1e+16 as 10000000000000000")
+
+
+def test_a_binary_json_payload_column_is_refused_for_the_text_it_would_change(db_url, fetch,
+                                                                              server):
+    """PostgreSQL's ``jsonb`` stores a parsed value: the payload ``{"b":1,"a":2,"x":1e+16}``
+    comes back as ``{"a": 2, "b": 1, "x": 10000000000000000}`` (a consumer decoding it gets an
+    integer for a float, and a message body of other bytes), and a string holding U+0000 is
+    refused. Before, the check took it for ``json`` (its type name starts so) and accepted it.
+    MySQL and MariaDB have one JSON type, the migration's: MariaDB's keeps the text, MySQL's
+    re-serialises it (``Server.keeps_json_text``) but keeps a float a float."""
+    given = '{"b":1,"a":2,"x":1e+16}'
+    if FAMILY.name == "mysql":
+        database = db_url.database()
+        repo = OutboxRepository(database)
+        with database.atomic():
+            event = repo.create_in_transaction(event_type="t", aggregate_type="a",
+                                               aggregate_id="1", payload={"b": 1, "a": 2,
+                                                                          "x": 1e16})
+        database.close()
+        [row] = fetch("SELECT payload FROM outbox_event WHERE id = %s", event.id)
+        if server.keeps_json_text:
+            assert row["payload"] == given
+        else:
+            assert row["payload"] != given and json.loads(row["payload"]) == {
+                "b": 1, "a": 2, "x": 1e16}
+            assert type(json.loads(row["payload"])["x"]) is float
+        return
+    assert fetch("SELECT (%s::jsonb)::text AS t", given) == [
+        {"t": '{"a": 2, "b": 1, "x": 10000000000000000}'}]
+    _hand_made(fetch)
+    fetch("ALTER TABLE outbox_event ALTER COLUMN payload TYPE jsonb,"
+          " ALTER COLUMN headers TYPE jsonb")
+    expected = (f"table outbox_event in database {db_url.name} is not as outbox_lite needs "
+                f"it: payload is jsonb, not json ({BINARY_JSON}), headers is jsonb, not json "
+                f"({BINARY_JSON}); repair: ALTER TABLE outbox_event ALTER COLUMN payload TYPE "
+                "JSON, ALTER COLUMN headers TYPE JSON")
+    _refused_before_writing(db_url, fetch, expected)
+    fetch(expected.split("repair: ")[1])  # the repair it names works
+    database = db_url.database()
+    repo = OutboxRepository(database)
+    with database.atomic():
+        event = repo.create_in_transaction(event_type="t", aggregate_type="a", aggregate_id="1",
+                                           payload={"b": 1, "a": 2, "x": 1e16},
+                                           headers={"zz": "1", "a": "2"})
+    with database.atomic():
+        [claimed] = repo.claim_batch("w", limit=1)
+    database.close()
+    assert fetch("SELECT payload::text AS p, headers::text AS h FROM outbox_event"
+                 " WHERE id = %s", event.id) == [{"p": given, "h": '{"zz":"1","a":"2"}'}]
+    assert list(claimed.payload.items()) == [("b", 1), ("a", 2), ("x", 1e16)]
+    assert type(claimed.payload["x"]) is float and list(claimed.headers) == ["zz", "a"]

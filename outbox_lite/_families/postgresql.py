@@ -89,6 +89,18 @@ def _first_line(exc: BaseException | None) -> str:
     return text.splitlines()[0].strip() if text else type(error).__name__
 
 
+def _encoding_name(encoding: Any) -> str:
+    """An encoding's name as the server gives it (SQL_ASCII's setting comes from psycopg 3 as
+    bytes)."""
+    if isinstance(encoding, (bytes, bytearray)):
+        return bytes(encoding).decode("ascii", "replace")
+    return str(encoding)
+
+
+def _is_utf8(encoding: str) -> bool:
+    return encoding.upper().replace("-", "") == "UTF8"
+
+
 # ---------------------------------------------------------------------------
 # The server
 # ---------------------------------------------------------------------------
@@ -118,6 +130,16 @@ class Server:
 
 _EXACT = 'COLLATE "C"'
 _INSTANT = "timestamp(6) without time zone"
+_PRECISION_RE = re.compile(r"\((\d+)\)")
+#: Why a ``timestamptz`` column will not do: the library writes and reads naive UTC instants,
+#: which such a column takes as times of the session's TimeZone (stored shifted by its offset,
+#: read back as that zone's wall time, a wrong instant); right only in sessions on UTC.
+_ZONED = ("the library's UTC instants would be taken as times of the session's TimeZone: "
+          "stored and read back shifted by its offset in any zone but UTC")
+#: Why a ``jsonb`` column will not do (measured on PostgreSQL 15 through the library): it keeps
+#: a parsed value, not the text written, so consumers would read other text back, silently.
+_BINARY_JSON = ("jsonb does not keep the JSON text written: keys come back reordered and "
+                "numbers rewritten, 1e+16 as 10000000000000000")
 
 
 class PostgreSQLFamily(Family):
@@ -142,6 +164,25 @@ class PostgreSQLFamily(Family):
     def claim_level_for(self, session_level: str) -> str | None:
         """READ COMMITTED for the relay's own claim unless the session's is already."""
         return None if session_level == self.claim_level else self.claim_level
+
+    def refused_type(self, name: str, kind: str, needed: Column) -> tuple[str, str] | None:
+        """(what is wrong, the repair) for an instant column of ``timestamp with time zone``
+        or a JSON column of ``jsonb``; None for any other type (the schema check's own
+        comparison judges it). A timestamptz column's repair converts at UTC (``USING …
+        AT TIME ZONE 'UTC'``): without it PostgreSQL would convert at the repairing
+        session's TimeZone."""
+        if needed.kind == _INSTANT and kind.endswith("with time zone"):
+            precision = _PRECISION_RE.search(kind)
+            why = _ZONED
+            if precision is not None and int(precision[1]) < 6:
+                why += ", and they would lose their microseconds"
+            return (f"{name} is {kind}, not {_INSTANT} ({why})",
+                    f"ALTER COLUMN {name} TYPE {needed.definition} USING {name} AT TIME ZONE"
+                    " 'UTC'")
+        if needed.kind == "json" and kind == "jsonb":
+            return (f"{name} is jsonb, not json ({_BINARY_JSON})",
+                    self.modify_column.format(name=name, definition=needed.definition))
+        return None
 
     @property
     def driver_errors(self) -> tuple[type[BaseException], ...]:  # type: ignore[override]
@@ -264,15 +305,19 @@ class PostgreSQLFamily(Family):
         not UTF8: SQL_ASCII would hand text back as bytes, LATIN1 refuse most characters."""
         isolation, version, server_encoding, client_encoding = database.execute_sql(
             sql.SESSION).fetchone()
-        for what, encoding in (("database", server_encoding), ("connection",
-                                                                client_encoding)):
-            if isinstance(encoding, (bytes, bytearray)):  # SQL_ASCII: psycopg 3 gives bytes
-                encoding = bytes(encoding).decode("ascii", "replace")
-            if str(encoding).upper().replace("-", "") != "UTF8":
-                raise ValueError(
-                    f"the {what}'s encoding is {encoding}, not UTF8: events would not be "
-                    "stored and read back as they are (create the database with ENCODING "
-                    "'UTF8', as outbox-lite migrate does)")
+        database_encoding = _encoding_name(server_encoding)
+        if not _is_utf8(database_encoding):
+            raise ValueError(
+                f"the database's encoding is {database_encoding}, not UTF8: events would not "
+                "be stored and read back as they are (create the database with ENCODING "
+                "'UTF8', as outbox-lite migrate does)")
+        connection_encoding = _encoding_name(client_encoding)
+        if not _is_utf8(connection_encoding):  # the database is UTF8: the connection is wrong
+            raise ValueError(
+                f"the connection's encoding is {connection_encoding}, not UTF8: events would "
+                "not be stored and read back as they are (the database is UTF8; connect with "
+                "client_encoding UTF8: the driver's client_encoding option, PGCLIENTENCODING, "
+                "or the role's or database's client_encoding setting)")
         return True, str(isolation), Server(str(version))
 
     @staticmethod

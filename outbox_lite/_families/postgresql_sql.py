@@ -284,11 +284,13 @@ SESSION = Statement(
 #: PostgreSQL has no autocommit setting on the server: nothing to turn on.
 AUTOCOMMIT_ON = Statement("SELECT 1")
 #: The tables' columns in one read, from the catalog (every user sees it): type as
-#: ``format_type`` writes it, collation name (NULL: none). A ``timestamp`` declared without a
-#: precision keeps microseconds (PostgreSQL's default precision is 6): it reads as timestamp(6).
+#: ``format_type`` writes it, collation name (NULL: none). A ``timestamp`` (or ``timestamptz``)
+#: declared without a precision keeps microseconds (PostgreSQL's default precision is 6): it
+#: reads as timestamp(6) (timestamp(6) with time zone).
 SCHEMA_COLUMNS = Statement(
     "SELECT c.relname, a.attname, format_type(a.atttypid, CASE WHEN a.atttypmod = -1"
-    " AND a.atttypid = 'timestamp'::regtype THEN 6 ELSE a.atttypmod END), co.collname"
+    " AND a.atttypid IN ('timestamp'::regtype, 'timestamptz'::regtype) THEN 6"
+    " ELSE a.atttypmod END), co.collname"
     " FROM pg_catalog.pg_attribute AS a"
     " JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid"
     " LEFT JOIN pg_catalog.pg_collation AS co ON co.oid = a.attcollation"
