@@ -106,6 +106,11 @@ def _problem(database: pw.Database, table: str,
                 repairs.append(f"ADD COLUMN {name} {needed.definition}")
             continue
         kind, collation = found[name]
+        refused = family.refused_type(name, kind, needed)
+        if refused is not None:  # a type the family knows a reason of its own against
+            wrong.append(refused[0])
+            repairs.append(refused[1])
+            continue
         if needed.kind == instant and kind != instant:
             wrong.append(f"{name} is {kind}, not {instant} (its instants would lose their "
                          "microseconds)")

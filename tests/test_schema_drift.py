@@ -360,7 +360,8 @@ def test_an_instant_column_with_a_time_zone_is_refused_for_the_shift_it_would_ma
     stored as 00:30 UTC and read back as 01:30+01:00. Before, it was refused "(its instants
     would lose their microseconds)", which is not what goes wrong, and the repair it gave
     converted at the repairing session's TimeZone (shifting every row in a session not on
-    UTC). MySQL's zoned type is TIMESTAMP(6): refused there with MODIFY … DATETIME(6)."""
+    UTC). MySQL's zoned type is TIMESTAMP(6): refused there for the same shift (before: "(its
+    instants would lose their microseconds)" too), with MODIFY … DATETIME(6)."""
     if FAMILY.name == "mysql":
         _hand_made(fetch, ("available_at       DATETIME(6)", "available_at       TIMESTAMP(6)"))
         database = db_url.database()
@@ -369,7 +370,8 @@ def test_an_instant_column_with_a_time_zone_is_refused_for_the_shift_it_would_ma
         database.close()
         assert str(wrong.value).startswith(
             f"table outbox_event in database {db_url.name} is not as outbox_lite needs it: "
-            "available_at is timestamp(6), not datetime(6)")
+            "available_at is timestamp(6), not datetime(6) (a TIMESTAMP takes the library's "
+            "UTC instants as times of the session's time_zone")
         assert str(wrong.value).endswith(
             "repair: ALTER TABLE outbox_event MODIFY available_at DATETIME(6) NOT NULL")
         assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]

@@ -123,6 +123,13 @@ class Family:
     def accepts(cls, database: Any) -> bool:
         raise NotImplementedError
 
+    def refused_type(self, name: str, kind: str, needed: Column) -> tuple[str, str] | None:
+        """(what is wrong, the ALTER TABLE clause that repairs it) for column ``name`` of
+        type ``kind`` (as the family's SCHEMA_COLUMNS reads it) when the family refuses that
+        type for a reason of its own, else None: the schema check then compares the type's
+        prefix, an instant's precision and the collation."""
+        return None
+
     def __repr__(self) -> str:
         return f"<family {self.name}>"
 

@@ -290,6 +290,19 @@ class MySQLFamily(Family):
 
     #: How a repair changes a column's definition (ALTER TABLE t <this>).
     modify_column = "MODIFY {name} {definition}"
+
+    def refused_type(self, name: str, kind: str, needed: Column) -> tuple[str, str] | None:
+        """(what is wrong, the repair) for an instant column of ``timestamp``: MySQL's
+        zoned type, which takes the library's naive UTC instants as times of the session's
+        ``time_zone`` and ends in 2038. None for any other type (the schema check's own
+        comparison judges it)."""
+        if needed.kind == self.instant_type and kind.startswith("timestamp"):
+            return (f"{name} is {kind}, not {self.instant_type} (a TIMESTAMP takes the "
+                    "library's UTC instants as times of the session's time_zone, so a session "
+                    "in another zone reads them shifted, and it ends in 2038; run the repair "
+                    "in a session with time_zone '+00:00')",
+                    self.modify_column.format(name=name, definition=needed.definition))
+        return None
     #: The claim's level when the session's would break it: SERIALIZABLE claimers wait for
     #: each other and deadlock, REPEATABLE READ does not (``_session.claim_transaction``).
     claim_level = "REPEATABLE READ"
