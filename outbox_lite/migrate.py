@@ -30,7 +30,7 @@ import peewee as pw
 from peewee_migrate import Router
 from peewee_migrate.models import MigrateHistory
 
-from . import _schema
+from . import _schema, _session
 from ._families import family_of
 from .errors import SchemaError
 from .models import HISTORY_TABLE
@@ -202,6 +202,7 @@ def migrate(database: pw.Database) -> list[str]:
     needs (a table made by hand), saying what differs and the statement that repairs it.
     """
     _schema.forget(database)
+    _session.session_of(database)  # a connection the library refuses (its encoding) changes nothing
     applied = _router(database).run()
     _schema.check_visible(database)
     return applied

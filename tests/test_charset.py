@@ -231,3 +231,36 @@ def test_a_database_of_another_encoding_is_refused_with_the_database_repair(db_u
         check.close()
     finally:
         url.drop_database()
+
+
+def test_migrate_into_a_database_of_another_encoding(db_url, fetch):
+    """PostgreSQL: ``migrate`` on a LATIN1 database is refused before its first migration, the
+    database's repair named, and no table is made (before, it made all six migrations' tables
+    and only then refused). MySQL and MariaDB: a latin1 database is migrated, each table
+    utf8mb4 whatever the database's default."""
+    url = db_url.with_name(f"{db_url.name}_latin1m")
+    url.drop_database()
+    if FAMILY.name == "mysql":
+        fetch(f"CREATE DATABASE {url.name} CHARACTER SET latin1")
+    else:
+        fetch(f"CREATE DATABASE {url.name} ENCODING 'LATIN1' LOCALE 'C' TEMPLATE template0")
+    try:
+        database = url.database()
+        if FAMILY.name == "mysql":
+            assert schema.migrate(database)
+            tables = database.execute_sql(
+                "SELECT TABLE_NAME, TABLE_COLLATION FROM information_schema.TABLES"
+                " WHERE TABLE_SCHEMA = %s AND TABLE_NAME IN ('outbox_event', 'inbox_message')",
+                (url.name,)).fetchall()
+            assert len(tables) == 2 and all(c.startswith("utf8mb4") for _, c in tables), tables
+        else:
+            with pytest.raises(ValueError) as refused:
+                schema.migrate(database)
+            assert str(refused.value) == (
+                "the database's encoding is LATIN1, not UTF8: events would not be stored and "
+                f"read back as they are {DATABASE_REPAIR}")
+            assert database.execute_sql(
+                "SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
+        database.close()
+    finally:
+        url.drop_database()
