@@ -50,6 +50,8 @@ _UNKNOWN_HOST_WORDS = ("could not translate host name", "failed to resolve host"
 _NO_TLS_WORDS = ("server does not support ssl",)
 _RELATION_RE = re.compile(r'relation "([^"]+)" does not exist')
 _DENIED_RE = re.compile(r"permission denied for (?:table|relation) (\S+)")
+#: DDL on a table (ALTER, DROP, CREATE INDEX) is its owner's alone: no privilege grants it.
+_NOT_OWNER_RE = re.compile(r"must be owner of (?:table|relation|index) (\S+)")
 
 
 def _is_driver_error(exc: BaseException) -> bool:
@@ -237,6 +239,10 @@ class PostgreSQLFamily(Family):
         if self.missing_database(exc):
             return f"database {url.name} does not exist (run: outbox-lite migrate)"
         if state == INSUFFICIENT_PRIVILEGE:
+            not_owner = _NOT_OWNER_RE.search(text)
+            if not_owner:
+                return (f"user {url.user} is not the owner of table {not_owner[1]}, which alone"
+                        f" may alter it: {privilege_hint}")
             denied = _DENIED_RE.search(text)
             what = f"on table {denied[1]}" if denied else "it needs"
             return f"user {url.user} lacks a privilege {what}: {privilege_hint}"
