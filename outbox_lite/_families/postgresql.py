@@ -238,6 +238,10 @@ class PostgreSQLFamily(Family):
             return f"access denied for user {url.user} (check the user and password)"
         if self.missing_database(exc):
             return f"database {url.name} does not exist (run: outbox-lite migrate)"
+        if re.search(r'permission denied for database "[^"]*"', lower):
+            # At connect, without CONNECT on the database (REVOKE CONNECT … FROM PUBLIC):
+            # libpq's text is two lines (its DETAIL); MySQL's 1044 says the same in one.
+            return f"access denied to database {url.name} for user {url.user}"
         if state == INSUFFICIENT_PRIVILEGE:
             not_owner = _NOT_OWNER_RE.search(text)
             if not_owner:
