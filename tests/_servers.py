@@ -145,6 +145,15 @@ def _own_postgresql(options: dict[str, object], version_text: str,
 
 
 @contextlib.contextmanager
+def own_postgresql_server(options: dict[str, object], password: str | None = None,
+                          ) -> Iterator[DatabaseUrl]:
+    """A private PostgreSQL of the test server's major version with ``options`` as settings
+    and, with ``password``, its superuser's password checked (scram-sha-256); its URL."""
+    with _own_postgresql(options, _version_of(TEST_URL), password) as url:
+        yield url
+
+
+@contextlib.contextmanager
 def password_server() -> Iterator[DatabaseUrl]:
     """A server of the test server's kind whose logins check passwords, and its
     administrator's URL: on MySQL and MariaDB the test server itself (root has no password);
