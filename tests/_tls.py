@@ -202,7 +202,7 @@ class TLSPostgreSQL:
         from _servers import own_postgresql_server
         url = self._stack.enter_context(own_postgresql_server(
             {"ssl": "on", "ssl_cert_file": self.chain, "ssl_key_file": self.key},
-            password=self.PASSWORD))
+            password=self.PASSWORD, tls=True))
         return TLSServer(url, self.ca, names_127(self.chain.read_bytes()))
 
     def stop(self) -> None:

@@ -3,6 +3,7 @@ run counts, one-line errors, exit codes), and the grants the README gives the in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 
@@ -17,10 +18,9 @@ from _helpers import FAMILY, create_login, drop_login, grant
 
 
 def _url_of(url, user=None, password=None):
-    user = user or url.user
+    """``url`` in full (its options too, such as PostgreSQL's driver=), as ``user``."""
     password = url.password if password is None else password
-    auth = user + (f":{password}" if password else "")
-    return f"{FAMILY.SCHEME}://{auth}@{url.host}:{url.port}/{url.name}"
+    return dataclasses.replace(url, user=user or url.user, password=password).secret_text()
 
 
 @pytest.fixture

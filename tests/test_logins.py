@@ -71,6 +71,12 @@ def _in(url: DatabaseUrl, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         database.close()
 
 
+def _with(url: DatabaseUrl, query: str) -> str:
+    """``url``'s full text (password, options) with the options of ``query`` added."""
+    text = url.secret_text()
+    return text + ("&" if "?" in text else "?") + query
+
+
 def _offers_tls(url: DatabaseUrl) -> bool:
     if FAMILY.name == "mysql":
         return bool(server_of(_query(url)).offers_tls(_query(url)))
@@ -206,7 +212,7 @@ def target(request: pytest.FixtureRequest, tested: Any, tls_server: TLSServer,
     user = f"ol_login_{os.getpid()}"
     _create_account(root, user)
     account = dataclasses.replace(root, user=user, password=PASSWORD)
-    url = DatabaseUrl.parse(f"{account.secret_text()}?{_options(tls, tls_server)}")
+    url = DatabaseUrl.parse(_with(account, _options(tls, tls_server)))
     caches = FAMILY.name == "mysql" and server_of(_query(root)).caches_logins
     try:
         # The account has the server's default plugin, as a service's account does.
@@ -373,7 +379,7 @@ def _stats_line(url: str) -> str:
 
 def _secret_url(server: TLSServer, query: str, host: str = "127.0.0.1") -> str:
     url = dataclasses.replace(server.url, host=host, password=PASSWORD, name=MAINTENANCE)
-    return url.secret_text() + "?" + query
+    return _with(url, query)
 
 
 @pytest.fixture(scope="module")
@@ -430,7 +436,7 @@ def test_identity_verification_needs_a_certificate_for_the_host(tls_server: TLSS
     assert _stats_line(_secret_url(tls_server, query, host="localhost")) == by_name
     # By address: MySQL's own certificate names no host at all, so identity verification
     # cannot pass against it; the tests' own certificates name 127.0.0.1 and pass.
-    url = dataclasses.replace(tls_server.url, name=MAINTENANCE).secret_text() + "?" + query
+    url = _with(dataclasses.replace(tls_server.url, name=MAINTENANCE), query)
     if tls_server.names_host:
         result = _cli("stats", "--database-url", url)
         assert result.returncode == 1  # past TLS and the login: no outbox table there
@@ -442,7 +448,7 @@ def test_identity_verification_needs_a_certificate_for_the_host(tls_server: TLSS
 def test_a_server_without_tls_is_named_when_the_url_asks_for_it(tls_server: TLSServer):
     asks = (f"ssl_ca={tls_server.ca}&ssl_verify_cert=true" if FAMILY.name == "mysql"
             else f"sslmode=verify-ca&sslrootcert={tls_server.ca}")
-    url = TEST_URL.with_name(MAINTENANCE).secret_text() + f"?{asks}"
+    url = _with(TEST_URL.with_name(MAINTENANCE), asks)
     result = _cli("stats", "--database-url", url)
     if _offers_tls(TEST_URL):  # MySQL: the TLS server is the one under test
         assert "table outbox_event is missing in mysql" in result.stderr, result.stderr
@@ -459,7 +465,7 @@ def test_a_missing_ca_file_is_named_by_its_option(tls_server: TLSServer, tmp_pat
     nowhere = tmp_path / "nowhere.pem"
     if FAMILY.name == "mysql":
         # PyMySQL's own error (FileNotFoundError) names neither the option nor the file.
-        assert _stats_line(TEST_URL.secret_text() + f"?ssl_ca={nowhere}") == (
+        assert _stats_line(_with(TEST_URL, f"ssl_ca={nowhere}")) == (
             "outbox-lite stats: error: URL parameter ssl_ca names a file that does not exist or"
             " cannot be read")
         return
