@@ -177,8 +177,10 @@ def test_unknown_or_bad_url_parameters_are_refused_in_one_line(query, words):
 def test_a_tls_option_reaches_the_driver(fresh_url):
     # The server here has no TLS: a URL that demands a verified certificate must fail to
     # connect (proof the option is used, not ignored), in one line.
-    raw = (f"mysql://{fresh_url.user}@{fresh_url.host}:{fresh_url.port}/{fresh_url.name}"
-           "?ssl_ca=/nonexistent/ca.pem&ssl_verify_cert=true")
+    demand = {"mysql": "ssl_ca=/nonexistent/ca.pem&ssl_verify_cert=true",
+              "postgresql": "sslmode=verify-ca&sslrootcert=/nonexistent/ca.pem"}[FAMILY.name]
+    text = _url_of(fresh_url)
+    raw = text + ("&" if "?" in text else "?") + demand
     result = _run("--database-url", raw)
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
