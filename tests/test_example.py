@@ -11,6 +11,7 @@ its publish and its record makes it arrive, and changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from bullmq import Job, Queue
 from outbox_lite.publishers import message_id_of_key
 
 from _brokers import SHARED_NATS, SHARED_RABBITMQ, amqp_channel, on_jetstream
+from _helpers import FAMILY
 from _redis import SHARED_REDIS, delete_queue, free_port
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "orders"
@@ -272,7 +274,11 @@ def _relay(env: dict[str, str], broker: Any, *flags: str) -> None:
 
 def test_an_order_placed_over_http_is_shipped_once_however_often_its_message_comes(
         broker, db_url, fetch, processes):
-    env = {**os.environ, "OUTBOX_DATABASE_URL": db_url.secret_text(),
+    # The example's Peewee database is playhouse.db_url's, which hands every URL option to
+    # the driver: not outbox_lite's own driver= (PostgreSQL), which picks that driver.
+    url = dataclasses.replace(db_url, options=tuple(
+        (name, value) for name, value in db_url.options if name != "driver"))
+    env = {**os.environ, "OUTBOX_DATABASE_URL": url.secret_text(),
            "ORDERS_TOPIC": broker.topic, "OUTBOX_BULLMQ_URL": SHARED_REDIS,
            "OUTBOX_RABBITMQ_URL": SHARED_RABBITMQ, "OUTBOX_NATS_URL": SHARED_NATS}
     made = subprocess.run([sys.executable, str(EXAMPLE / "store.py")], env=env,
@@ -330,7 +336,8 @@ def test_an_order_placed_over_http_is_shipped_once_however_often_its_message_com
     # SQL on the server's clock), and the next relay publishes the event again.
     broker.before_republish(message_id)
     fetch("UPDATE outbox_event SET status = 'processing', locked_by = %s,"
-          " locked_at = NOW(6) - INTERVAL 1 HOUR, published_at = NULL", DEAD_RELAY)
+          f" locked_at = {FAMILY.UTC_NOW} - {FAMILY.interval('1 HOUR')}, published_at = NULL",
+          DEAD_RELAY)
     _relay(env, broker, "--lock-timeout", "60")
     assert fetch("SELECT status, attempt_count, locked_by FROM outbox_event") == [
         {"status": "published", "attempt_count": 2, "locked_by": None}]

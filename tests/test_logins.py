@@ -7,6 +7,9 @@ default plugin: caching_sha2_password on MySQL, mysql_native_password on MariaDB
 (``outbox_lite._server``). On MySQL a login without TLS is answered from the server's cache
 only when a full authentication filled it; ``FLUSH PRIVILEGES`` empties it (cold), and then the
 password must go RSA-encrypted: PyMySQL needs its ``rsa`` extra (cryptography) for that.
+On PostgreSQL it is ``CREATE ROLE … LOGIN PASSWORD``, stored as scram-sha-256, on a server of
+the test's own that checks passwords and offers TLS (the shared one trusts 127.0.0.1 and offers
+none); PostgreSQL keeps no login cache: every login is a full one, cold and warm alike.
 """
 
 from __future__ import annotations
@@ -26,11 +29,11 @@ import pytest
 from outbox_lite import ConnectionLostError, OutboxRepository
 from outbox_lite import migrate as schema
 from outbox_lite._db import DatabaseUrl
-from outbox_lite._server import Server, server_of
+from outbox_lite._server import server_of
 from outbox_lite.relay import Relay
 
-from _tls import TLSMariaDB, TLSServer, mysql_own
-from _helpers import TEST_URL, QuietMySQLDatabase, seed
+from _helpers import FAMILY, TEST_URL, QuietMySQLDatabase, rows_of, seed
+from _tls import TLSMariaDB, TLSPostgreSQL, TLSServer, make_certificates, mysql_own
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "Login-Pass-42!"  # never to appear in any output
@@ -49,42 +52,72 @@ def _query(url: DatabaseUrl) -> Any:
 
 
 def _root(url: DatabaseUrl, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """``sql`` as the administrator on the server (PostgreSQL: its database ``postgres``)."""
     conn = url.server_connection()
     try:
-        with conn.cursor() as cur:
-            cur.execute(sql, params)
-            return list(cur.fetchall())
+        cur = conn.cursor()
+        cur.execute(sql, params or None)
+        return [] if cur.description is None else [tuple(row) for row in cur.fetchall()]
     finally:
         conn.close()
 
 
-@pytest.fixture(scope="module")
-def tested() -> Server:
-    return server_of(_query(TEST_URL))
+def _in(url: DatabaseUrl, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """``sql`` as the administrator on ``url``'s database."""
+    database = url.database()
+    try:
+        return [tuple(row.values()) for row in rows_of(database.execute_sql(sql, params))]
+    finally:
+        database.close()
+
+
+def _with(url: DatabaseUrl, query: str) -> str:
+    """``url``'s full text (password, options) with the options of ``query`` added."""
+    text = url.secret_text()
+    return text + ("&" if "?" in text else "?") + query
+
+
+def _offers_tls(url: DatabaseUrl) -> bool:
+    if FAMILY.name == "mysql":
+        return bool(server_of(_query(url)).offers_tls(_query(url)))
+    return _query(url)("SHOW ssl")[0][0] == "on"
+
+
+#: The server's maintenance database, which every server has.
+MAINTENANCE = {"mysql": "mysql", "postgresql": "postgres"}[FAMILY.name]
 
 
 @pytest.fixture(scope="module")
-def tls_server(tested: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSServer]:
+def tested() -> Any:
+    return FAMILY.server(_query(TEST_URL))
+
+
+@pytest.fixture(scope="module")
+def tls_server(tested: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSServer]:
     """A server that offers TLS, of the kind under test: the MySQL under test itself (its CA
     from its data directory), or, since the MariaDB under test has no certificates, a MariaDB
-    of this module's own with a CA and a certificate for 127.0.0.1."""
-    if tested.offers_tls(_query(TEST_URL)):
+    of this module's own with a CA and a certificate for 127.0.0.1; on PostgreSQL one of this
+    module's own with such certificates, whose logins check passwords."""
+    if _offers_tls(TEST_URL):
         yield mysql_own(TEST_URL)
         return
-    server = TLSMariaDB(tmp_path_factory.mktemp("tls-mariadb"))
+    server: Any = (TLSPostgreSQL() if FAMILY.name == "postgresql"
+                   else TLSMariaDB(tmp_path_factory.mktemp("tls-mariadb")))
     try:
         yield server.start()
     finally:
         server.stop()
 
 
-def test_each_server_offers_tls_as_it_is_set_up(tested: Server, tls_server: TLSServer):
+def test_each_server_offers_tls_as_it_is_set_up(tested: Any, tls_server: TLSServer):
     # MySQL 9.7 as scripts/mysql-server.sh initialises it: TLS with its own self-signed CA,
     # and a certificate that names no host. MariaDB 10.11 as .ci/run starts it: no TLS.
-    assert tested.offers_tls(_query(TEST_URL)) is (not tested.is_mariadb)
-    assert server_of(_query(tls_server.url)).kind == tested.kind
-    assert server_of(_query(tls_server.url)).offers_tls(_query(tls_server.url))
-    assert tls_server.names_host is tested.is_mariadb  # ours names 127.0.0.1; MySQL's none
+    # PostgreSQL as the host and scripts/postgres-server.sh run it: no TLS (ssl = off).
+    mysql = FAMILY.name == "mysql" and not tested.is_mariadb
+    assert _offers_tls(TEST_URL) is mysql
+    assert FAMILY.server(_query(tls_server.url)).kind == tested.kind
+    assert _offers_tls(tls_server.url)
+    assert tls_server.names_host is not mysql  # ours name 127.0.0.1; MySQL's none
 
 
 # ---------------------------------------------------------------------------
@@ -97,17 +130,22 @@ class Target:
 
     root: DatabaseUrl
     url: DatabaseUrl
-    server: Server
+    caches_logins: bool
     tls: bool
 
     def flush(self) -> None:
-        """Empty the server's login cache (caching_sha2_password's, on MySQL)."""
-        _root(self.root, "FLUSH PRIVILEGES")
+        """Empty the server's login cache (caching_sha2_password's, on MySQL; PostgreSQL
+        has none)."""
+        if FAMILY.name == "mysql":
+            _root(self.root, "FLUSH PRIVILEGES")
 
     def cached(self) -> bool:
         """Whether the server answers the account's login without TLS from its cache: a
         PyMySQL without cryptography logs in without TLS only then (it cannot send the
-        password RSA-encrypted). MariaDB's native plugin needs neither: always True."""
+        password RSA-encrypted). MariaDB's native plugin needs neither, and PostgreSQL's
+        scram-sha-256 no cache: always True."""
+        if FAMILY.name != "mysql":
+            return True
         saved = pymysql._auth._have_cryptography
         pymysql._auth._have_cryptography = False
         try:
@@ -122,35 +160,69 @@ class Target:
 
 
 def _options(tls: bool, server: TLSServer) -> str:
-    return f"ssl_ca={server.ca}&ssl_verify_cert=true" if tls else "ssl_disabled=true"
+    """The URL options of a connection with TLS verified (``tls``) or without TLS."""
+    if FAMILY.name == "mysql":
+        return f"ssl_ca={server.ca}&ssl_verify_cert=true" if tls else "ssl_disabled=true"
+    return f"sslmode=verify-full&sslrootcert={server.ca}" if tls else "sslmode=disable"
+
+
+def _create_account(root: DatabaseUrl, user: str) -> None:
+    """The account, with DML on every table of ``root``'s database."""
+    if FAMILY.name == "mysql":
+        _root(root, f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+        _root(root, f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", PASSWORD)
+        _root(root, f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{root.name}`.*"
+              f" TO '{user}'@'127.0.0.1'")
+        return
+    [(create,)] = _root(root, "SELECT format('CREATE ROLE %%I LOGIN PASSWORD %%L', %s::text,"
+                              " %s::text)", user, PASSWORD)
+    _root(root, create)
+    _in(root, f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {user}")
+
+
+def _drop_account(root: DatabaseUrl, user: str) -> None:
+    if FAMILY.name == "mysql":
+        _root(root, f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+    else:  # its grants go with the database, dropped first
+        _root(root, f"DROP ROLE IF EXISTS {user}")
+
+
+def _stored_password_kind(root: DatabaseUrl, user: str) -> str:
+    """How the server keeps the account's password: its plugin (MySQL, MariaDB), or
+    ``SCRAM-SHA-256`` (PostgreSQL's password_encryption, 14+ default)."""
+    if FAMILY.name == "mysql":
+        return str(_root(root, "SELECT plugin FROM mysql.user WHERE user = %s", user)[0][0])
+    return str(_root(root, "SELECT split_part(rolpassword, '$', 1) FROM pg_authid"
+                           " WHERE rolname = %s", user)[0][0])
 
 
 @pytest.fixture(params=[False, True], ids=["tls-off", "tls-on"])
-def target(request: pytest.FixtureRequest, tls_server: TLSServer) -> Iterator[Target]:
+def target(request: pytest.FixtureRequest, tested: Any, tls_server: TLSServer,
+           ) -> Iterator[Target]:
     tls: bool = request.param
-    root = (tls_server.url if tls else TEST_URL).with_name(
-        f"{TEST_URL.name}_login_{os.getpid()}")
+    # MySQL and MariaDB: the test server checks passwords; without TLS it is the one. The
+    # shared PostgreSQL trusts every login: both go to this module's own.
+    server = tls_server.url if tls or FAMILY.name == "postgresql" else TEST_URL
+    root = server.with_name(f"{TEST_URL.name}_login_{os.getpid()}")
     root.drop_database()
     root.create_database()
     database = root.database()
     schema.migrate(database)
     database.close()
     user = f"ol_login_{os.getpid()}"
-    _root(root, f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
-    _root(root, f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", PASSWORD)
-    _root(root, f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{root.name}`.*"
-          f" TO '{user}'@'127.0.0.1'")
-    server = server_of(_query(root))
+    _create_account(root, user)
     account = dataclasses.replace(root, user=user, password=PASSWORD)
-    url = DatabaseUrl.parse(f"{account.secret_text()}?{_options(tls, tls_server)}")
+    url = DatabaseUrl.parse(_with(account, _options(tls, tls_server)))
+    caches = FAMILY.name == "mysql" and server_of(_query(root)).caches_logins
     try:
         # The account has the server's default plugin, as a service's account does.
-        assert _root(root, "SELECT plugin FROM mysql.user WHERE user = %s", user) == [
-            (server.password_plugin,)]
-        yield Target(root, url, server, tls)
+        expected = (server_of(_query(root)).password_plugin if FAMILY.name == "mysql"
+                    else "SCRAM-SHA-256")
+        assert _stored_password_kind(root, user) == expected
+        yield Target(root, url, caches, tls)
     finally:
-        _root(root, f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
         root.drop_database()
+        _drop_account(root, user)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -159,7 +231,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _session_tls(database: Any) -> str:
-    return str(database.execute_sql("SHOW SESSION STATUS LIKE 'Ssl_cipher'").fetchone()[1])
+    """The session's TLS cipher, "" without TLS."""
+    if FAMILY.name == "mysql":
+        return str(database.execute_sql("SHOW SESSION STATUS LIKE 'Ssl_cipher'").fetchone()[1])
+    row = database.execute_sql("SELECT cipher FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+                               ).fetchone()
+    return str(row[0] or "") if row else ""
 
 
 def door_stats(target: Target, n: int) -> None:
@@ -187,6 +264,12 @@ def _write_one(database: Any, target: Target, n: int) -> None:
 def door_repository(target: Target, n: int) -> None:
     """A service's own Peewee database, with the password, as the README's snippets make it."""
     url = target.url
+    if FAMILY.name == "postgresql":
+        tls = {k: v for k, v in url.options if k in ("sslmode", "sslrootcert")}
+        _write_one(FAMILY.database_class()(url.name, host=url.host, port=url.port,
+                                           user=url.user, password=url.password, **tls),
+                   target, n)
+        return
     tls = ({"ssl_ca": dict(url.options)["ssl_ca"], "ssl_verify_cert": True} if target.tls
            else {"ssl_disabled": True})
     _write_one(QuietMySQLDatabase(url.name, host=url.host, port=url.port, user=url.user,
@@ -204,18 +287,19 @@ DOORS = {"stats": door_stats, "migrate": door_migrate, "repository": door_reposi
 @pytest.mark.parametrize("door", list(DOORS))
 def test_a_password_account_logs_in_cold_and_warm(target: Target, door: str):
     enter = DOORS[door]
-    _root(target.root, f"INSERT INTO `{target.root.name}`.outbox_event (event_type,"
-          " aggregate_type, aggregate_id, dedupe_key, payload, status, attempt_count,"
-          " available_at, created_at, updated_at) VALUES ('e', 'a', '0', 'login-0', '{}',"
-          " 'pending', 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))")
+    now = FAMILY.UTC_NOW
+    _in(target.root, "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
+        " dedupe_key, payload, status, attempt_count, available_at, created_at, updated_at)"
+        f" VALUES ('e', 'a', '0', 'login-0', '{{}}', 'pending', 0, {now}, {now}, {now})")
     target.flush()
-    # Cold: MySQL's cache no longer knows the account; MariaDB has no such cache.
-    assert target.cached() is not target.server.caches_logins
+    # Cold: MySQL's cache no longer knows the account; MariaDB and PostgreSQL have no such
+    # cache.
+    assert target.cached() is not target.caches_logins
     enter(target, 1)
     assert target.cached()  # the door's login was a full one: the cache is warm now
     enter(target, 2)  # warm
-    keys = [row[0] for row in _root(target.root, f"SELECT dedupe_key FROM "
-                                    f"`{target.root.name}`.outbox_event ORDER BY id")]
+    keys = [row[0] for row in _in(target.root, "SELECT dedupe_key FROM outbox_event"
+                                              " ORDER BY id")]
     writes = door in ("repository", "database-url")
     assert keys == (["login-0", "login-1", "login-2"] if writes else ["login-0"])
 
@@ -235,10 +319,10 @@ class KillingBroker:
 
     def publish(self, events: Any) -> dict[int, BaseException]:
         if not self.published:
-            connection_id = self.database.execute_sql("SELECT CONNECTION_ID()").fetchone()[0]
+            session = FAMILY.session_id(self.database)
             self.target.flush()
             self.cold_at_kill = not self.target.cached()
-            _root(self.target.root, f"KILL CONNECTION {int(connection_id)}")
+            _root(self.target.root, FAMILY.kill_sql(session))
         self.published.extend(e.id for e in events)
         return {}
 
@@ -262,26 +346,27 @@ def test_a_relay_reconnects_with_a_cold_cache_and_finishes(target: Target):
         watchdog.cancel()
         database.close()
     assert not stop.is_set(), "the relay did not drain the outbox within 60 s"
-    assert broker.cold_at_kill is target.server.caches_logins
+    assert broker.cold_at_kill is target.caches_logins
     assert relay.stats.reconnects >= 1 and target.cached()
     assert sorted(set(broker.published)) == ids
-    assert _root(target.root, f"SELECT status, COUNT(*) FROM `{target.root.name}`.outbox_event"
-                              " GROUP BY status") == [("published", 30)]
+    assert _in(target.root, "SELECT status, COUNT(*) FROM outbox_event GROUP BY status") == [
+        ("published", 30)]
 
 
 # ---------------------------------------------------------------------------
 # TLS: what PyMySQL does by default, and failures said in one line
 # ---------------------------------------------------------------------------
 
-def test_pymysql_without_tls_options_uses_tls_unverified_from_1_2(tls_server: TLSServer):
+def test_a_url_without_tls_options_uses_the_drivers_default(tls_server: TLSServer):
     # PyMySQL 1.2 connects with TLS when the server offers it, verifying nothing (the test's
     # CA is not given, and still it connects); 1.1 uses no TLS unless an ssl option asks.
-    database = tls_server.url.with_name("mysql").database()
+    # libpq's default is sslmode=prefer: TLS when offered, unverified.
+    database = tls_server.url.with_name(MAINTENANCE).database()
     try:
         cipher = _session_tls(database)
     finally:
         database.close()
-    assert bool(cipher) is (pymysql.VERSION >= (1, 2))
+    assert bool(cipher) is (pymysql.VERSION >= (1, 2) if FAMILY.name == "mysql" else True)
 
 
 def _stats_line(url: str) -> str:
@@ -293,66 +378,106 @@ def _stats_line(url: str) -> str:
 
 
 def _secret_url(server: TLSServer, query: str, host: str = "127.0.0.1") -> str:
-    url = dataclasses.replace(server.url, host=host, password=PASSWORD, name="mysql")
-    return url.secret_text() + "?" + query
+    url = dataclasses.replace(server.url, host=host, password=PASSWORD, name=MAINTENANCE)
+    return _with(url, query)
 
 
-def test_an_untrusted_certificate_is_named_as_the_cause(tls_server: TLSServer):
+@pytest.fixture(scope="module")
+def stranger_ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA that signed nothing the servers have."""
+    return make_certificates(tmp_path_factory.mktemp("stranger"))[0]
+
+
+#: A URL's ask to verify the server's certificate, with no CA that signed it: MySQL's
+#: ssl_verify_cert with the system's CAs; PostgreSQL's verify-ca with a CA of another.
+def _unverifiable(stranger_ca: Path) -> str:
+    return ("ssl_verify_cert=true" if FAMILY.name == "mysql"
+            else f"sslmode=verify-ca&sslrootcert={stranger_ca}")
+
+
+#: What each family says of a certificate its CA file did not sign.
+UNTRUSTED = {"mysql": "certificate verify failed: self-signed certificate in certificate chain"
+                      " (ssl_ca must name the CA file that signed the server's certificate)",
+             "postgresql": "certificate verify failed (sslrootcert must name the CA file that"
+                           " signed the server's certificate)"}[FAMILY.name]
+
+
+def test_an_untrusted_certificate_is_named_as_the_cause(tls_server: TLSServer,
+                                                        stranger_ca: Path):
     port = tls_server.url.port
     # The password is wrong on purpose: TLS fails first, and the line must not show it.
-    assert _stats_line(_secret_url(tls_server, "ssl_verify_cert=true")) == (
-        f"outbox-lite stats: error: TLS with the MySQL server at 127.0.0.1:{port} failed: "
-        "certificate verify failed: self-signed certificate in certificate chain (ssl_ca "
-        "must name the CA file that signed the server's certificate)")
+    assert _stats_line(_secret_url(tls_server, _unverifiable(stranger_ca))) == (
+        f"outbox-lite stats: error: TLS with the {FAMILY.SERVER_NAME} server at 127.0.0.1:{port}"
+        f" failed: {UNTRUSTED}")
     # With the right CA the same URL gets past TLS to the login (refused: wrong password).
-    assert _stats_line(_secret_url(tls_server, f"ssl_ca={tls_server.ca}&ssl_verify_cert=true")
-                       ) == "outbox-lite stats: error: access denied for user root (check " \
-                            "the user and password)"
+    trusted = (f"ssl_ca={tls_server.ca}&ssl_verify_cert=true" if FAMILY.name == "mysql"
+               else f"sslmode=verify-ca&sslrootcert={tls_server.ca}")
+    assert _stats_line(_secret_url(tls_server, trusted)) == (
+        f"outbox-lite stats: error: access denied for user {tls_server.url.user} (check the"
+        " user and password)")
 
 
 def test_identity_verification_needs_a_certificate_for_the_host(tls_server: TLSServer):
     port = tls_server.url.port
-    query = f"ssl_ca={tls_server.ca}&ssl_verify_identity=true"
-    mismatch = (f"outbox-lite stats: error: TLS with the MySQL server at {{host}}:{port} "
-                f"failed: certificate verify failed: {{what}} mismatch, certificate is not "
-                f"valid for '{{host}}' (ssl_verify_identity needs a certificate issued for the "
-                f"URL's host)")
-    # By name: neither certificate names localhost.
-    assert _stats_line(_secret_url(tls_server, query, host="localhost")) == mismatch.format(
-        host="localhost", what="Hostname")
+    if FAMILY.name == "mysql":
+        query = f"ssl_ca={tls_server.ca}&ssl_verify_identity=true"
+        mismatch = (f"outbox-lite stats: error: TLS with the MySQL server at {{host}}:{port} "
+                    f"failed: certificate verify failed: {{what}} mismatch, certificate is not "
+                    f"valid for '{{host}}' (ssl_verify_identity needs a certificate issued for "
+                    f"the URL's host)")
+        by_name = mismatch.format(host="localhost", what="Hostname")
+    else:
+        query = f"sslrootcert={tls_server.ca}&sslmode=verify-full"
+        by_name = (f"outbox-lite stats: error: TLS with the PostgreSQL server at localhost:{port}"
+                   ' failed: server certificate for "127.0.0.1" (and 1 other name) does not'
+                   ' match host name "localhost" (sslmode=verify-full needs a certificate'
+                   " issued for the URL's host)")
+    # By name: no certificate names localhost.
+    assert _stats_line(_secret_url(tls_server, query, host="localhost")) == by_name
     # By address: MySQL's own certificate names no host at all, so identity verification
-    # cannot pass against it; the test's MariaDB certificate names 127.0.0.1 and passes.
-    url = dataclasses.replace(tls_server.url, name="mysql").secret_text() + "?" + query
+    # cannot pass against it; the tests' own certificates name 127.0.0.1 and pass.
+    url = _with(dataclasses.replace(tls_server.url, name=MAINTENANCE), query)
     if tls_server.names_host:
         result = _cli("stats", "--database-url", url)
-        assert result.returncode == 1  # past TLS and the login: no outbox table in `mysql`
-        assert "table outbox_event is missing in mysql" in result.stderr, result.stderr
+        assert result.returncode == 1  # past TLS and the login: no outbox table there
+        assert f"table outbox_event is missing in {MAINTENANCE}" in result.stderr, result.stderr
     else:
         assert _stats_line(url) == mismatch.format(host="127.0.0.1", what="IP address")
 
 
-def test_a_server_without_tls_is_named_when_the_url_asks_for_it(tested: Server,
-                                                                tls_server: TLSServer):
-    url = (TEST_URL.with_name("mysql").secret_text()
-           + f"?ssl_ca={tls_server.ca}&ssl_verify_cert=true")
+def test_a_server_without_tls_is_named_when_the_url_asks_for_it(tls_server: TLSServer):
+    asks = (f"ssl_ca={tls_server.ca}&ssl_verify_cert=true" if FAMILY.name == "mysql"
+            else f"sslmode=verify-ca&sslrootcert={tls_server.ca}")
+    url = _with(TEST_URL.with_name(MAINTENANCE), asks)
     result = _cli("stats", "--database-url", url)
-    if tested.offers_tls(_query(TEST_URL)):  # MySQL: the TLS server is the one under test
+    if _offers_tls(TEST_URL):  # MySQL: the TLS server is the one under test
         assert "table outbox_event is missing in mysql" in result.stderr, result.stderr
-    else:  # MariaDB as .ci/run starts it
-        assert result.returncode == 1 and result.stderr.strip() == (
-            f"outbox-lite stats: error: TLS with the MySQL server at {TEST_URL.host}:"
-            f"{TEST_URL.port} failed: the server offers no TLS, and the URL asks for it "
-            "(ssl_ca, ssl_cert, ssl_key, ssl_verify_cert or ssl_verify_identity)")
+        return
+    # MariaDB as .ci/run starts it, PostgreSQL as the tests' servers run it
+    options = {"mysql": "ssl_ca, ssl_cert, ssl_key, ssl_verify_cert or ssl_verify_identity",
+               "postgresql": "sslmode=require or stricter"}[FAMILY.name]
+    assert result.returncode == 1 and result.stderr.strip() == (
+        f"outbox-lite stats: error: TLS with the {FAMILY.SERVER_NAME} server at {TEST_URL.host}:"
+        f"{TEST_URL.port} failed: the server offers no TLS, and the URL asks for it ({options})")
 
 
-def test_a_missing_ca_file_is_named_by_its_option(tmp_path: Path):
-    url = TEST_URL.secret_text() + f"?ssl_ca={tmp_path / 'nowhere.pem'}"
-    assert _stats_line(url) == ("outbox-lite stats: error: URL parameter ssl_ca names a file "
-                                "that does not exist or cannot be read")
+def test_a_missing_ca_file_is_named_by_its_option(tls_server: TLSServer, tmp_path: Path):
+    nowhere = tmp_path / "nowhere.pem"
+    if FAMILY.name == "mysql":
+        # PyMySQL's own error (FileNotFoundError) names neither the option nor the file.
+        assert _stats_line(_with(TEST_URL, f"ssl_ca={nowhere}")) == (
+            "outbox-lite stats: error: URL parameter ssl_ca names a file that does not exist or"
+            " cannot be read")
+        return
+    # libpq names the file, when it verifies the certificate.
+    assert _stats_line(_secret_url(tls_server, f"sslmode=verify-ca&sslrootcert={nowhere}")) == (
+        f"outbox-lite stats: error: TLS with the PostgreSQL server at 127.0.0.1:"
+        f"{tls_server.url.port} failed: root certificate file \"{nowhere}\" does not exist"
+        " (sslrootcert must name the CA file that signed the server's certificate)")
 
 
-def test_the_python_api_says_why_tls_failed(tls_server: TLSServer):
-    url = DatabaseUrl.parse(_secret_url(tls_server, "ssl_verify_cert=true"))
+def test_the_python_api_says_why_tls_failed(tls_server: TLSServer, stranger_ca: Path):
+    url = DatabaseUrl.parse(_secret_url(tls_server, _unverifiable(stranger_ca)))
     database = url.database()
     try:
         with pytest.raises(ConnectionLostError) as info:
@@ -360,6 +485,5 @@ def test_the_python_api_says_why_tls_failed(tls_server: TLSServer):
     finally:
         database.close()
     assert str(info.value).startswith(
-        "cannot open a connection to the server: certificate verify failed: self-signed "
-        "certificate in certificate chain")
+        f"cannot open a connection to the server: {UNTRUSTED.split(' (')[0]}")
     assert PASSWORD not in str(info.value)

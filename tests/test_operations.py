@@ -15,7 +15,9 @@ import pytest
 from outbox_lite import InvalidEventError, OutboxRepository
 from outbox_lite.cli import main
 
-from _helpers import FAMILY, capture_sql, new_event, seed
+from _servers import password_server
+from _helpers import (FAMILY, as_admin, capture_sql, create_login, drop_login, grant, let_migrate,
+                      login_name, new_event, seed)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,13 +163,15 @@ def test_repository_options_are_checked():
 @pytest.fixture
 def runtime_user(db_url, fetch):
     user, password = f"ol_rt_{os.getpid()}", "rt-Pass-123"
-    fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
-    fetch(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", password)
+    create_login(user, password)
     for table in ("outbox_event", "job"):
-        fetch(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{db_url.name}`.`{table}`"
-              f" TO '{user}'@'127.0.0.1'")
+        grant("SELECT, INSERT, UPDATE, DELETE", db_url, table, user)
+    if FAMILY.name == "postgresql":
+        # job's id is BIGSERIAL: its INSERT takes nextval() of a sequence, a privilege of its
+        # own on PostgreSQL (outbox_event's id is an identity column: INSERT is enough).
+        as_admin(db_url, f"GRANT USAGE ON SEQUENCE job_id_seq TO {login_name(user)}")
     yield user, password
-    fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+    drop_login(user, db_url)
 
 
 def test_writer_and_worker_flows_run_with_only_dml_grants(db, db_url, runtime_user, fetch,
@@ -207,9 +211,8 @@ def test_a_read_only_user_is_refused_changes_never_told_nothing_matched(db_url, 
     # A user with SELECT alone: every command that would change a row says which privilege
     # is missing (exit 1) whenever a row qualifies, and changes nothing; "0" only when none did.
     user, password = f"ol_ro_{os.getpid()}", "ro-Pass-123"
-    fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
-    fetch(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", password)
-    fetch(f"GRANT SELECT ON `{db_url.name}`.outbox_event TO '{user}'@'127.0.0.1'")
+    create_login(user, password)
+    grant("SELECT", db_url, "outbox_event", user)
     try:
         url = _url_text(db_url, user, password)
         dead = _dead_letter(repo, "http_500", 1)
@@ -224,8 +227,11 @@ def test_a_read_only_user_is_refused_changes_never_told_nothing_matched(db_url, 
                                      "--database-url", url], capture_output=True, text=True,
                                     timeout=60, cwd=ROOT)
             assert result.returncode == 1 and result.stdout == "", (args, result.stdout)
+            # MySQL's refusal names the privilege ("UPDATE command denied"); PostgreSQL's
+            # only the table ("permission denied for table outbox_event").
+            lacks = {"mysql": f"the {privilege} privilege", "postgresql": "a privilege"}
             assert result.stderr.strip() == (
-                f"outbox-lite {args[0]}: error: user {user} lacks the {privilege} privilege on"
+                f"outbox-lite {args[0]}: error: user {user} lacks {lacks[FAMILY.name]} on"
                 " table outbox_event: see 'Schema, migrations and grants' in the README"), args
         assert fetch("SELECT id, status, attempt_count FROM outbox_event ORDER BY id") == before
         assert {r["id"]: r["status"] for r in before} == {dead.id: "failed",
@@ -236,7 +242,7 @@ def test_a_read_only_user_is_refused_changes_never_told_nothing_matched(db_url, 
                                 text=True, timeout=60, cwd=ROOT)
         assert result.returncode == 0 and result.stdout.strip() == "requeued 0 dead letters"
     finally:
-        fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+        drop_login(user, db_url)
 
 
 # ---------------------------------------------------------------------------
@@ -268,12 +274,18 @@ def test_cli_on_a_database_without_the_table_says_so_in_one_line(db_url, fetch):
 
 
 def test_cli_refuses_wrong_credentials_without_echoing_them(db_url):
-    result = subprocess.run([sys.executable, "-m", "outbox_lite.cli", "requeue",
-                             "--database-url", _url_text(db_url, "root", "Wr0ngPass")],
-                            capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert result.returncode == 1
-    assert "access denied" in result.stderr and "Wr0ngPass" not in result.stderr
-    assert "Traceback" not in result.stderr
+    # A server that checks passwords: MySQL's and MariaDB's test servers do; PostgreSQL's
+    # trusts every login from 127.0.0.1, so there a private one with scram-sha-256.
+    with password_server() as admin:
+        wrong = _url_text(admin.with_name(db_url.name), admin.user, "Wr0ngPass")
+        result = subprocess.run([sys.executable, "-m", "outbox_lite.cli", "requeue",
+                                 "--database-url", wrong],
+                                capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"outbox-lite requeue: error: access denied for user {admin.user} (check the user and"
+        " password)"]
+    assert "Wr0ngPass" not in result.stderr
 
 
 def test_the_documented_migration_grants_are_enough(fetch):
@@ -284,10 +296,8 @@ def test_the_documented_migration_grants_are_enough(fetch):
     target = TEST_URL.with_name(f"{TEST_URL.name}_grants_{os.getpid()}")
     target.drop_database()
     target.create_database()
-    fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
-    fetch(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", password)
-    fetch(f"GRANT CREATE, DROP, ALTER, INDEX, SELECT, INSERT, UPDATE, DELETE"
-          f" ON `{target.name}`.* TO '{user}'@'127.0.0.1'")
+    create_login(user, password)
+    let_migrate(target, user)
     database = DatabaseUrl.parse(_url_text(target, user, password)).database()
     try:
         migrations = ["001_create_outbox_event", "002_aggregate_index_published_at",
@@ -301,7 +311,7 @@ def test_the_documented_migration_grants_are_enough(fetch):
             database.execute_sql("CREATE DATABASE sneaky_grants")
     finally:
         database.close()
-        fetch(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+        drop_login(user, target)
         target.drop_database()
 
 

@@ -18,9 +18,11 @@ from playhouse.db_url import connect
 
 DATABASE_URL = os.environ.get("OUTBOX_DATABASE_URL", "mysql://root@127.0.0.1:3306/orders")
 
-# utf8mb4, so every character is stored as sent (Peewee 3's default, utf8, is refused by
-# outbox_lite: it would store an emoji as '?').
-db = connect(DATABASE_URL, charset="utf8mb4")
+# MySQL and MariaDB: utf8mb4, so every character is stored as sent (Peewee 3's default, utf8,
+# is refused by outbox_lite: it would store an emoji as '?'). PostgreSQL (postgresql://): the
+# database's encoding is UTF8 as outbox-lite migrate creates it, nothing to add.
+CONNECTION_OPTIONS = {"mysql": {"charset": "utf8mb4"}}
+db = connect(DATABASE_URL, **CONNECTION_OPTIONS.get(DATABASE_URL.partition("://")[0], {}))
 
 
 class Order(peewee.Model):

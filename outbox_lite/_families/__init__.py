@@ -201,10 +201,13 @@ def connection_trouble(exc: BaseException) -> str | None:
 
 def tls_refused(exc: BaseException) -> str | None:
     """Why TLS failed when ``exc`` is a server without the TLS a URL asks for (each family
-    names its own URL options), else None."""
+    names its own URL options), or a TLS failure its family reads from its driver's words
+    (a family's ``tls_refused`` answers True for the first, the why for the second), else
+    None."""
     for family in _registered():
-        if family.tls_refused(exc):  # type: ignore[attr-defined]
-            return family.no_tls  # type: ignore[attr-defined,no-any-return]
+        said = family.tls_refused(exc)  # type: ignore[attr-defined]
+        if said:
+            return said if isinstance(said, str) else family.no_tls  # type: ignore[attr-defined]
     return None
 
 

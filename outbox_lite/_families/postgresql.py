@@ -49,8 +49,20 @@ _UNREACHABLE_WORDS = ("connection refused", "could not connect", "timeout expire
 _UNKNOWN_HOST_WORDS = ("could not translate host name", "failed to resolve host",
                        "name or service not known")
 _NO_TLS_WORDS = ("server does not support ssl",)
+#: libpq's words for a TLS connection whose certificate check failed (no SQLSTATE, no
+#: ssl.SSLError: the drivers raise OperationalError with libpq's text), and what to change.
+_CA_HINT = "sslrootcert must name the CA file that signed the server's certificate"
+_TLS_FAILURES = (
+    (re.compile(r"ssl error: (certificate verify failed)", re.I), _CA_HINT),
+    (re.compile(r'(root certificate file "[^"]*" does not exist)', re.I), _CA_HINT),
+    (re.compile(r'(server certificate for "[^"]*"(?: \(and \d+ other names?\))? does not match'
+                r' host name "[^"]*")', re.I),
+     "sslmode=verify-full needs a certificate issued for the URL's host"),
+)
 _RELATION_RE = re.compile(r'relation "([^"]+)" does not exist')
 _DENIED_RE = re.compile(r"permission denied for (?:table|relation) (\S+)")
+#: DDL on a table (ALTER, DROP, CREATE INDEX) is its owner's alone: no privilege grants it.
+_NOT_OWNER_RE = re.compile(r"must be owner of (?:table|relation|index) (\S+)")
 
 
 def _is_driver_error(exc: BaseException) -> bool:
@@ -81,6 +93,20 @@ def sqlstate_of(exc: BaseException | None) -> str | None:
     if error is None:
         return None
     return getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+
+
+def tls_why(exc: BaseException | None) -> str | None:
+    """Why the certificate check of a TLS connection failed, in one line with what to
+    change, when libpq's text behind ``exc`` says it did; else None."""
+    error = driver_error(exc)
+    if error is None:
+        return None
+    text = _first_line(error)
+    for pattern, hint in _TLS_FAILURES:
+        found = pattern.search(text)
+        if found:
+            return f"{found[1]} ({hint})"
+    return None
 
 
 def _first_line(exc: BaseException | None) -> str:
@@ -220,6 +246,8 @@ class PostgreSQLFamily(Family):
             return "going" if state in _GOING else None
         if type(error).__name__ not in ("OperationalError", "InterfaceError"):
             return None
+        if tls_why(error) is not None:
+            return "unreachable"  # no connection opens until the URL's TLS options change
         text = _first_line(error).lower()
         if "fatal:" in text or any(word in text for word in _NO_TLS_WORDS):
             return None  # a login or a database refused, TLS refused: no retry helps
@@ -230,10 +258,14 @@ class PostgreSQLFamily(Family):
     no_tls = "the server offers no TLS, and the URL asks for it (sslmode=require or stricter)"
 
     @staticmethod
-    def tls_refused(exc: BaseException) -> bool:
+    def tls_refused(exc: BaseException) -> bool | str:
+        """True for a server without the TLS the URL asks for; the why of a failed
+        certificate check (:func:`tls_why`); else False."""
         error = driver_error(exc)
-        return error is not None and any(word in _first_line(error).lower()
-                                         for word in _NO_TLS_WORDS)
+        if error is None:
+            return False
+        return tls_why(error) or any(word in _first_line(error).lower()
+                                     for word in _NO_TLS_WORDS)
 
     @staticmethod
     def duplicate_key(exc: BaseException) -> str | None:
@@ -278,7 +310,15 @@ class PostgreSQLFamily(Family):
             return f"access denied for user {url.user} (check the user and password)"
         if self.missing_database(exc):
             return f"database {url.name} does not exist (run: outbox-lite migrate)"
+        if re.search(r'permission denied for database "[^"]*"', lower):
+            # At connect, without CONNECT on the database (REVOKE CONNECT … FROM PUBLIC):
+            # libpq's text is two lines (its DETAIL); MySQL's 1044 says the same in one.
+            return f"access denied to database {url.name} for user {url.user}"
         if state == INSUFFICIENT_PRIVILEGE:
+            not_owner = _NOT_OWNER_RE.search(text)
+            if not_owner:
+                return (f"user {url.user} is not the owner of table {not_owner[1]}, which alone"
+                        f" may alter it: {privilege_hint}")
             denied = _DENIED_RE.search(text)
             what = f"on table {denied[1]}" if denied else "it needs"
             return f"user {url.user} lacks a privilege {what}: {privilege_hint}"
