@@ -16,10 +16,10 @@ Prints each server's figures, then the drains side by side with the load average
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import bench_relay  # beside this script
+import bench_preset
 
 DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite_test",
                 "mysql://root@127.0.0.1:3308/outbox_lite_test",
@@ -29,12 +29,8 @@ DEFAULTS = ["--only", "relay", "--events", "15000", "--rounds", "2", "--workers"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
-    parser.add_argument("--database-url", action="append")
-    ours, rest = parser.parse_known_args(argv)
-    urls = [arg for url in ours.database_url or DEFAULT_URLS
-            for arg in ("--database-url", url)]
-    return bench_relay.main([*urls, *DEFAULTS, *rest])  # later options win
+    return bench_preset.run(bench_relay.main, __doc__.split("\n\n")[0], DEFAULT_URLS, DEFAULTS,
+                            argv)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,10 @@ p99 is its second-slowest event.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import bench_relay  # beside this script
+import bench_preset
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/outbox_lite_test"
 DEFAULTS = ["--only", "latency", "--wake", "all", "--rate", "5", "--seconds", "20",
@@ -32,12 +32,8 @@ DEFAULTS = ["--only", "latency", "--wake", "all", "--rate", "5", "--seconds", "2
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
-    parser.add_argument("--database-url", action="append")
-    ours, rest = parser.parse_known_args(argv)
-    urls = [arg for url in ours.database_url or [DEFAULT_URL]
-            for arg in ("--database-url", url)]
-    return bench_relay.main([*urls, *DEFAULTS, *rest])
+    return bench_preset.run(bench_relay.main, __doc__.split("\n\n")[0], [DEFAULT_URL], DEFAULTS,
+                            argv)
 
 
 if __name__ == "__main__":

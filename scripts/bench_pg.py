@@ -24,10 +24,10 @@ or MySQL URL runs the same measures against raw PyMySQL).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import bench  # beside this script
+import bench_preset
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/outbox_lite_test"
 MEASURES = ("commit", "claim", "write", "latency-raw")
@@ -36,13 +36,8 @@ DEFAULTS = ["--rounds", "3", "--events", "4000", "--writes", "1000",
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
-    parser.add_argument("--database-url", action="append")
-    ours, rest = parser.parse_known_args(argv)
-    urls = [arg for url in ours.database_url or [DEFAULT_URL]
-            for arg in ("--database-url", url)]
-    only = [] if "--only" in rest else [arg for m in MEASURES for arg in ("--only", m)]
-    return bench.main([*urls, *only, *DEFAULTS, *rest])  # later options win
+    return bench_preset.run(bench.main, __doc__.split("\n\n")[0], [DEFAULT_URL], DEFAULTS, argv,
+                            only=MEASURES)
 
 
 if __name__ == "__main__":

@@ -192,17 +192,23 @@ def test_a_connection_of_another_encoding_on_a_utf8_database_names_the_connectio
         {"aggregate_id": ROCKET}]
 
 
-def test_a_database_of_another_encoding_is_refused_with_the_database_repair(db_url, fetch):
-    """A LATIN1 database (its connections speak LATIN1 too, by default) is refused for the
-    database, with the database's repair, and nothing is written; a UTF8 connection to it is
-    refused the same (the server would still refuse most characters). MySQL and MariaDB: a
-    database of latin1 by default, migrated, keeps every character (each table is utf8mb4)."""
-    url = db_url.with_name(f"{db_url.name}_latin1")
+def _latin1_database(db_url, fetch, suffix: str):
+    """A new database beside the test's whose encoding is LATIN1 (MySQL: latin1); its URL."""
+    url = db_url.with_name(f"{db_url.name}_{suffix}")
     url.drop_database()
     if FAMILY.name == "mysql":
         fetch(f"CREATE DATABASE {url.name} CHARACTER SET latin1")
     else:
         fetch(f"CREATE DATABASE {url.name} ENCODING 'LATIN1' LOCALE 'C' TEMPLATE template0")
+    return url
+
+
+def test_a_database_of_another_encoding_is_refused_with_the_database_repair(db_url, fetch):
+    """A LATIN1 database (its connections speak LATIN1 too, by default) is refused for the
+    database, with the database's repair, and nothing is written; a UTF8 connection to it is
+    refused the same (the server would still refuse most characters). MySQL and MariaDB: a
+    database of latin1 by default, migrated, keeps every character (each table is utf8mb4)."""
+    url = _latin1_database(db_url, fetch, "latin1")
     try:
         if FAMILY.name == "mysql":
             database = QuietMySQLDatabase(url.name, host=url.host, port=url.port, user=url.user,
@@ -238,12 +244,7 @@ def test_migrate_into_a_database_of_another_encoding(db_url, fetch):
     database's repair named, and no table is made (before, it made all six migrations' tables
     and only then refused). MySQL and MariaDB: a latin1 database is migrated, each table
     utf8mb4 whatever the database's default."""
-    url = db_url.with_name(f"{db_url.name}_latin1m")
-    url.drop_database()
-    if FAMILY.name == "mysql":
-        fetch(f"CREATE DATABASE {url.name} CHARACTER SET latin1")
-    else:
-        fetch(f"CREATE DATABASE {url.name} ENCODING 'LATIN1' LOCALE 'C' TEMPLATE template0")
+    url = _latin1_database(db_url, fetch, "latin1m")
     try:
         database = url.database()
         if FAMILY.name == "mysql":
