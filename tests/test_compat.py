@@ -6,6 +6,9 @@ import warnings
 from importlib import metadata
 
 import peewee as pw
+import psycopg
+import psycopg2
+import pymysql
 import pytest
 
 import outbox_lite
@@ -43,4 +46,9 @@ def test_version_names_ours_and_the_peewee_line_in_use(capsys):
     line = capsys.readouterr().out.strip()
     assert line.startswith(f"outbox-lite {outbox_lite.__version__} (Peewee {pw.__version__}, ")
     assert f"peewee-migrate {metadata.version('peewee-migrate')}, " in line
+    # each driver installed, by version (the [test] extra brings all three)
+    for shown, module in (("PyMySQL", pymysql), ("psycopg", psycopg), ("psycopg2", psycopg2)):
+        version = (module.VERSION_STRING if module is pymysql else
+                   module.__version__.split()[0])
+        assert f"{shown} {version}, " in line
     assert metadata.version("outbox-lite") == outbox_lite.__version__  # setup.cfg reads it

@@ -154,13 +154,28 @@ class _Parser(SuggestingParser):
         self.exit(EXIT_USAGE, f"{prog}: error: {message}{hint} (see {prog} --help)\n")
 
 
+#: The drivers ``--version`` names when installed: (shown as, distribution names).
+DRIVER_DISTRIBUTIONS = (("PyMySQL", ("PyMySQL",)), ("psycopg", ("psycopg",)),
+                        ("psycopg2", ("psycopg2", "psycopg2-binary")))
+
+
 def version_line() -> str:
-    """outbox_lite's version and those of the Peewee line and drivers it runs on."""
+    """outbox_lite's version and those of the Peewee line and the drivers installed."""
     from importlib import metadata  # only here: it costs every other command's start-up
 
+    def installed(names: Sequence[str]) -> str | None:
+        for name in names:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    drivers = [f"{shown} {version}" for shown, names in DRIVER_DISTRIBUTIONS
+               if (version := installed(names)) is not None]
     return (f"outbox-lite {__version__} (Peewee {metadata.version('peewee')}, "
-            f"peewee-migrate {metadata.version('peewee-migrate')}, "
-            f"PyMySQL {metadata.version('PyMySQL')}, Python {platform.python_version()})")
+            f"peewee-migrate {metadata.version('peewee-migrate')}, {', '.join(drivers)}, "
+            f"Python {platform.python_version()})")
 
 
 class _Version(argparse.Action):
@@ -184,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     parser.add_argument("--version", action=_Version,
                         help="show the versions of outbox-lite, Peewee, peewee-migrate, "
-                             "PyMySQL and Python, then exit")
+                             "the drivers installed and Python, then exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser(
