@@ -175,3 +175,32 @@ def slow_stop_waits() -> _Flaky:
 
     _inside_stop_waits(linger)
     return _Flaky()
+
+
+class _HalfMade:
+    """As PyMySQL's MySQLResult when a signal lands in its ``__init__``: the attribute its
+    ``__del__`` reads was never set, so finalizing it raises AttributeError."""
+
+    def __init__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: the relay's graceful stop
+        os.kill(os.getpid(), signal.SIGINT)  # again: a stop at once, raised here
+        self.active = False
+
+    def __del__(self) -> None:
+        if self.active:
+            pass
+
+
+class _InterruptedMidResult:
+    """Its first publish is interrupted while a half-made object lives in its frame."""
+
+    def publish(self, events: Sequence[Any]) -> Mapping[int, BaseException]:
+        result = _HalfMade()
+        return {} if result else {}
+
+    def close(self) -> None:
+        pass
+
+
+def interrupted_mid_result() -> _InterruptedMidResult:
+    return _InterruptedMidResult()

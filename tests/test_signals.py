@@ -294,3 +294,21 @@ def test_a_second_sigint_on_a_busy_relay_exits_130_and_says_truly_what_it_left(
             assert held == 0, f"round {n}: {err}"
     print(f"\n(exit status, claims held) of the ten relays: {seen}")
     assert interrupted >= 5, f"only {interrupted} of 10 relays were interrupted while busy"
+
+
+def test_a_stop_at_once_shows_no_finalizer_of_what_it_cut_short(db, db_url, repo, fetch):
+    """A second SIGINT lands inside a half-made object's ``__init__`` (as it landed in
+    PyMySQL's MySQLResult in a CI run: its ``__del__`` then raised AttributeError, and Python
+    printed that traceback after "interrupted by SIGINT"). The relay says its one line and
+    exits 130; the object is finalized quietly, and the claim it leaves is what it says."""
+    seed(repo, 3)
+    relay = _relay(db_url, "--publisher", "_relay_publishers:interrupted_mid_result",
+                   "--worker-id", "half-made")
+    _started(relay)
+    code, err = _ended(relay)
+    held = fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'processing'"
+                 " AND locked_by = 'half-made'")[0]["n"]
+    assert code == 130, err
+    assert "interrupted by SIGINT" in err, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert held == 3 and f"leaves {held} claims held" in err, err

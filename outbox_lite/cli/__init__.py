@@ -10,6 +10,7 @@ Every failure ends as one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import re
 import signal
 import sys
 import textwrap
+import traceback
 from typing import Any, Callable, NoReturn, Sequence
 
 import peewee as pw
@@ -283,21 +285,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except (DatabaseUrlError, ValueError) as exc:
         if (interrupt := _signals.interruption(exc)) is not None:
-            return _interrupted(args.command, interrupt)
+            return _interrupted(args.command, interrupt, exc)
         print(f"outbox-lite {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except _reported() as exc:
         if (interrupt := _signals.interruption(exc)) is not None:
-            return _interrupted(args.command, interrupt)
+            return _interrupted(args.command, interrupt, exc)
         message = naming_the_database(_describe(exc, url, args.command), args, url)
         print(f"outbox-lite {args.command}: error: {message}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:  # Ctrl-C, or a signal that stops at once (_signals)
-        return _interrupted(args.command, exc)
+        return _interrupted(args.command, exc, exc)
 
 
-def _interrupted(command: str, exc: KeyboardInterrupt) -> int:
+def _interrupted(command: str, exc: KeyboardInterrupt, caught: BaseException) -> int:
+    """Report a stop at once; the exit status a shell gives for the signal (130, 143).
+
+    What the interrupt cut short (a driver's half-made result object, say) is finalized here,
+    as its frames are cleared, with the finalizers' complaints unshown: a ``__del__`` of an
+    object whose ``__init__`` never finished raises (PyMySQL's MySQLResult: no attribute
+    'unbuffered_active'), and Python would print that traceback after our one line."""
     signum = exc.signum if isinstance(exc, _signals.Interrupted) else signal.SIGINT
     print(f"outbox-lite {command}: interrupted by {signal.Signals(signum).name}",
           file=sys.stderr)
+    hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: None
+    try:
+        seen: set[int] = set()
+        error: BaseException | None = caught
+        while error is not None and id(error) not in seen:  # the whole chain
+            seen.add(id(error))
+            traceback.clear_frames(error.__traceback__)
+            error = error.__context__
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
     return 128 + signum  # what a shell reports for a command the signal ended: 130, 143
