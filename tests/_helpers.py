@@ -19,11 +19,18 @@ import re
 import threading
 from typing import Any, Callable, Iterator
 
+import peewee as pw
 from playhouse.pool import PooledMySQLDatabase
 
 from outbox_lite import OutboxRepository
 from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
 from outbox_lite._db import DatabaseUrl
+
+
+class OracleDatabase(pw.Database):
+    """A Peewee database of no family outbox_lite knows (never opened): what the library
+    must refuse with a TypeError naming it."""
+
 
 URL_TEXT = os.environ.get("OUTBOX_TEST_DATABASE_URL",
                           "mysql://root@127.0.0.1:3306/outbox_lite_test")

@@ -20,7 +20,7 @@ from outbox_lite import inbox as inbox_module
 from outbox_lite import migrate as schema
 from outbox_lite.inbox import MAX_CONSUMER_LENGTH, MAX_MESSAGE_ID_LENGTH
 
-from _helpers import FAMILY, T0, TEST_URL, capture_sql, new_event
+from _helpers import FAMILY, OracleDatabase, T0, TEST_URL, capture_sql, new_event
 
 EFFECT = (f"CREATE TABLE effect ({FAMILY.SERIAL_ID},"
           f" message_id VARCHAR(704) {FAMILY.EXACT_TEXT} NOT NULL)")
@@ -247,7 +247,7 @@ def test_a_bad_consumer_is_refused_when_the_inbox_is_made(shared_db, consumer, w
 
 def test_the_database_must_be_mysql_with_utf8mb4_and_the_clock_aware(db, db_url):
     with pytest.raises(TypeError, match="MySQLDatabase"):
-        Inbox(pw.SqliteDatabase(":memory:"), "c")
+        Inbox(OracleDatabase("x"), "c")
     if FAMILY.name == "mysql":  # the charset is the connection's: refused before connecting
         utf8 = db_url.database(charset="utf8")
         with pytest.raises(ValueError, match="utf8mb4"):

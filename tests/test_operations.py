@@ -16,8 +16,8 @@ from outbox_lite import InvalidEventError, OutboxRepository
 from outbox_lite.cli import main
 
 from _servers import password_server
-from _helpers import (FAMILY, as_admin, capture_sql, create_login, drop_login, grant, let_migrate,
-                      login_name, new_event, seed)
+from _helpers import (FAMILY, OracleDatabase, as_admin, capture_sql, create_login, drop_login,
+                      grant, let_migrate, login_name, new_event, seed)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -365,9 +365,8 @@ def test_mysql_and_postgresql_databases_are_accepted_and_nothing_else():
                      Reconnecting("x", charset="utf8mb4"),
                      pw.PostgresqlDatabase("x"), PooledPostgresqlDatabase("x")):
         assert OutboxRepository(database).database is database
-    database = pw.SqliteDatabase(":memory:")
-    with pytest.raises(TypeError, match="PostgresqlDatabase.*not SqliteDatabase"):
-        OutboxRepository(database)
+    with pytest.raises(TypeError, match="PostgresqlDatabase.*not OracleDatabase"):
+        OutboxRepository(OracleDatabase("x"))
 
 
 @pytest.mark.parametrize("clock,words", [
