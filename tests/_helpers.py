@@ -149,8 +149,8 @@ class MySQLFamily:
     def waits_for_lock(fetch: Callable[..., list[dict[str, Any]]], session: int) -> bool:
         """Whether ``session``'s transaction waits for a row lock now (INNODB_TRX, the same on
         both servers; InnoDB refreshes it when it was not read for 0.1 s: poll no faster)."""
-        return fetch("SELECT trx_state AS state FROM information_schema.INNODB_TRX"
-                     " WHERE trx_mysql_thread_id = %s", session) == [{"state": "LOCK WAIT"}]
+        return innodb_trx(fetch, "SELECT trx_state AS state FROM information_schema.INNODB_TRX"
+                          " WHERE trx_mysql_thread_id = %s", session) == [{"state": "LOCK WAIT"}]
 
     @staticmethod
     def kill_sql(session: int) -> str:
@@ -728,31 +728,39 @@ def committed(url: DatabaseUrl, sql: str, *params: Any) -> list[dict[str, Any]]:
         database.close()
 
 
-def transaction_state(fetch: Callable[..., list[dict[str, Any]]], session: int,
-                      becoming: str | None = None) -> str:
+_innodb_trx_lock = threading.Lock()
+_innodb_trx_read_at = [0.0]
+
+
+def innodb_trx(fetch: Callable[..., list[dict[str, Any]]], sql: str, *params: Any
+               ) -> list[dict[str, Any]]:
+    """``fetch(sql, *params)`` of a query on INNODB_TRX, answered from a fresh snapshot.
+
+    InnoDB answers INNODB_TRX from a cache it refills only when nobody has read it for 0.1 s,
+    and MySQL 8+ stamps every read (MariaDB stamps each refill): reads less than 0.1 s apart,
+    from two threads or one loop, get the same old snapshot forever (CI saw a committed
+    transaction listed for 2 s that way). So this process reads it one at a time, 0.12 s
+    after the last read ended."""
+    with _innodb_trx_lock:
+        time.sleep(max(0.0, _innodb_trx_read_at[0] + 0.12 - time.monotonic()))
+        try:
+            return fetch(sql, *params)
+        finally:
+            _innodb_trx_read_at[0] = time.monotonic()
+
+
+def transaction_state(fetch: Callable[..., list[dict[str, Any]]], session: int) -> str:
     """Whether ``session`` (a MySQL connection id, a PostgreSQL backend pid) has a transaction
     open now, asked from another session: ``"idle"`` or ``"in transaction"``. MySQL: a row
-    in INNODB_TRX (a transaction that has read or written InnoDB); PostgreSQL: its
-    pg_stat_activity state (``idle in transaction``, aborted or not).
-
-    INNODB_TRX is a snapshot InnoDB refreshes at most every 0.1 s, so right after a commit it
-    may still list the transaction (it did once in CI, two threads asking in turn). With
-    ``becoming``, the question is asked again until that is the answer or 2 s have passed,
-    and the last answer is returned: a session the test's thread is not using keeps its
-    state, so a transaction really left open is still reported."""
-    deadline = time.monotonic() + 2.0
-    while True:
-        if FAMILY.name == "mysql":
-            rows = fetch("SELECT COUNT(*) AS n FROM information_schema.INNODB_TRX"
-                         " WHERE trx_mysql_thread_id = %s", session)
-            state = "in transaction" if int(rows[0]["n"]) else "idle"
-        else:
-            [row] = fetch("SELECT state FROM pg_stat_activity WHERE pid = %s", session)
-            state = ("in transaction" if row["state"].startswith("idle in transaction")
-                     else str(row["state"]))
-        if becoming is None or state == becoming or time.monotonic() > deadline:
-            return state
-        time.sleep(0.02)  # InnoDB's snapshot is refreshed 0.1 s after the last
+    in INNODB_TRX (a transaction that has read or written InnoDB; a fresh snapshot,
+    :func:`innodb_trx`); PostgreSQL: its pg_stat_activity state (``idle in transaction``,
+    aborted or not; the backend reports it before it answers its client)."""
+    if FAMILY.name == "mysql":
+        rows = innodb_trx(fetch, "SELECT COUNT(*) AS n FROM information_schema.INNODB_TRX"
+                                 " WHERE trx_mysql_thread_id = %s", session)
+        return "in transaction" if int(rows[0]["n"]) else "idle"
+    [row] = fetch("SELECT state FROM pg_stat_activity WHERE pid = %s", session)
+    return "in transaction" if row["state"].startswith("idle in transaction") else str(row["state"])
 
 
 def sqlstate_or_errno(fn: Callable[[], Any]) -> Any:

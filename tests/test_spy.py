@@ -37,7 +37,7 @@ def test_records_every_statement_with_its_params_in_order(db, repo, fetch):
     assert [sql.split()[0] for sql, _ in fresh] == ["SELECT", "UPDATE"], fresh
     # ... and the UPDATE committed by itself: another session sees no transaction left open
     # (MySQL: none in INNODB_TRX; PostgreSQL: pg_stat_activity says idle).
-    assert transaction_state(fetch, FAMILY.session_id(db), becoming="idle") == "idle"
+    assert transaction_state(fetch, FAMILY.session_id(db)) == "idle"
 
 
 def test_sees_other_threads_and_runs_before_each_statement(db):

@@ -197,7 +197,9 @@ def test_a_relay_in_the_same_process_wakes_without_any_server(db_url, db, fetch)
             delays.append(time.monotonic() - started)
     finally:
         relay.stop()
-    assert max(delays) < 0.15, delays
+    # A poll would come 0.7 s or more after the write; the ring comes at once (the bound
+    # leaves room for a CI machine running three suites on its two cores).
+    assert max(delays) < 0.5, delays
 
 
 @pytest.mark.parametrize("kind", ["redis", "nats"])
@@ -231,7 +233,7 @@ def test_a_relay_in_another_process_wakes_through_the_server(kind, db_url, db, f
         relay.terminate()
         status, _, err = finish(relay, 30)
     assert status == 0, err
-    assert max(delays) < 0.5, delays
+    assert max(delays) < 1.0, delays  # a poll: over a second late
     assert "woken through" in err
 
 
