@@ -24,8 +24,8 @@ import peewee as pw
 
 from ._db import execute
 from ._families import family_of
+from .models import aware
 
-_UTC = dt.timezone.utc
 REFRESH_SECONDS = 10.0
 
 
@@ -53,7 +53,7 @@ class ServerClock:
         self._local = threading.local()  # the connection this thread last read on
 
     def __call__(self) -> dt.datetime:
-        return self.naive().replace(tzinfo=_UTC)
+        return aware(self.naive())
 
     def __repr__(self) -> str:
         return f"<ServerClock refresh={self.refresh:g}s reads={self.reads}>"
@@ -72,8 +72,7 @@ class ServerClock:
         anchor = self._anchor
         if anchor is None:
             return None
-        return (anchor.server + dt.timedelta(seconds=time.monotonic() - anchor.monotonic)
-                ).replace(tzinfo=_UTC)
+        return aware(anchor.server + dt.timedelta(seconds=time.monotonic() - anchor.monotonic))
 
     def _new_connection(self) -> bool:
         """Whether this thread has an open connection that no reading has been made on. A

@@ -38,6 +38,7 @@ from .models import (
     TABLE_NAME,
     OutboxStatus,
     UTCDateTimeField,
+    aware,
     bind_model,
 )
 from .payload import (DEFAULT_MAX_PAYLOAD_BYTES, check_headers, encode_headers, encode_payload,
@@ -50,6 +51,7 @@ Clock = Callable[[], dt.datetime]
 _CHUNK = 500  # ids per IN (…) list
 _AVAILABLE_AT = operator.itemgetter(COLUMNS.index("available_at"))
 _UTC = dt.timezone.utc
+_combine = dt.datetime.combine
 _PENDING, _PROCESSING = OutboxStatus.PENDING.value, OutboxStatus.PROCESSING.value
 
 
@@ -213,7 +215,7 @@ class OutboxRepository:
         for name in self._instants:
             value = data[name]
             if value is not None and value.tzinfo is None:
-                data[name] = value.replace(tzinfo=_UTC)
+                data[name] = _combine(value.date(), value.time(), _UTC)  # models.aware
         data["payload"] = _decode_payload(data["payload"])
         data["headers"] = _decode_headers(data["headers"])
         return self._instance(data)
@@ -319,17 +321,16 @@ class OutboxRepository:
                                             isolation=isolation, payload=payload,
                                             execute=self._execute)
         self._ring()
-        created = now.replace(tzinfo=_UTC)
+        created = aware(now)
         return self._instance({
             "id": event_id, "event_type": event_type, "aggregate_type": aggregate_type,
             "aggregate_id": aggregate_id, "dedupe_key": dedupe_key, "payload": payload,
             "status": _PENDING, "attempt_count": 0,
-            "available_at": created if available_at is None else available.replace(
-                tzinfo=_UTC),
+            "available_at": created if available_at is None else aware(available),
             "locked_at": None, "locked_by": None, "published_at": None,
             "last_error_code": None, "last_error_message": None, "created_at": created,
             "updated_at": created, "headers": event_headers,
-            "expires_at": None if expires is None else expires.replace(tzinfo=_UTC)})
+            "expires_at": None if expires is None else aware(expires)})
 
     def _ring(self) -> None:
         """Wake the relays once the event commits (Peewee 4's ``after_commit``; dropped on a
@@ -417,7 +418,7 @@ class OutboxRepository:
         self._run(self._sql.CLAIM, locked_by=locked_by, now=now, ids=self._family.id_list(ids))
         # Rows come in id order; a stable sort on available_at makes it (available_at, id).
         claimed.sort(key=_AVAILABLE_AT)
-        aware_now = now.replace(tzinfo=_UTC)
+        aware_now = aware(now)
         changes = {"status": _PROCESSING, "locked_by": locked_by, "locked_at": aware_now,
                    "updated_at": aware_now}
         events = self._events(claimed, changes, self._sql.FAILED_FOR_GOOD, now=now,
