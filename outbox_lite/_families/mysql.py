@@ -21,8 +21,7 @@ import pymysql
 from ..errors import DuplicateEventError, LockConflictError
 from . import Column, Family
 from . import mysql_sql as sql
-from .url import (DatabaseExistsError, DatabaseUrl, DatabaseUrlError, flag_option,
-                  text_option)
+from .url import DatabaseUrl, DatabaseUrlError, flag_option, text_option
 from .mysql_server import LockCounters, Server, peewee_query, server_of
 
 
@@ -463,7 +462,7 @@ class MySQLUrl(DatabaseUrl):
         conn = self.server_connection()
         try:
             with conn.cursor() as cur:
-                if self._exists(cur):
+                if self._listed(cur):
                     return True
                 try:  # 1049 only for a user who may know; 1044 for one who may not
                     cur.execute(f"USE `{self.name}`")
@@ -475,39 +474,12 @@ class MySQLUrl(DatabaseUrl):
         finally:
             conn.close()
 
-    def _exists(self, cur: Any) -> bool:
-        cur.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
-                    (self.name,))
-        return cur.fetchone() is not None
+    LISTED_SQL = "SELECT 1 FROM information_schema.schemata WHERE schema_name = %s"
+    CREATE_SQL = "CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+    DROP_SQL = "DROP DATABASE IF EXISTS `{name}`"
 
-    def create_database(self, *, exclusive: bool = False) -> bool:
-        """Create the database when missing; True when it was created. With ``exclusive``
-        an existing database raises DatabaseExistsError instead. (A user without the right
-        to create databases can still use one that exists.)"""
-        conn = self.server_connection()
-        try:
-            with conn.cursor() as cur:
-                if not self._exists(cur):
-                    try:  # no IF NOT EXISTS: of two runs racing, only one creates it
-                        cur.execute(f"CREATE DATABASE `{self.name}`"
-                                    " CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
-                        return True
-                    except pymysql.MySQLError as exc:
-                        if errno_of(exc) != ER_DB_CREATE_EXISTS:
-                            raise
-            if exclusive:
-                raise DatabaseExistsError(f"database {self.name} exists already")
-            return False
-        finally:
-            conn.close()
-
-    def drop_database(self) -> None:
-        conn = self.server_connection()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
-        finally:
-            conn.close()
+    def created_meanwhile(self, error: Exception) -> bool:
+        return isinstance(error, pymysql.MySQLError) and errno_of(error) == ER_DB_CREATE_EXISTS
 
 
 MySQLFamily.url_class = MySQLUrl

@@ -26,7 +26,7 @@ import peewee as pw
 from ..errors import DuplicateEventError, InvalidEventError, LockConflictError
 from . import Column, Family, LockCounters
 from . import postgresql_sql as sql
-from .url import DatabaseExistsError, DatabaseUrl, DatabaseUrlError, text_option
+from .url import DatabaseUrl, DatabaseUrlError, text_option
 
 # ---------------------------------------------------------------------------
 # The driver's errors
@@ -663,43 +663,12 @@ class PostgresUrl(DatabaseUrl):
         autocommit."""
         return _connect("postgres", self._params(), self.driver)
 
-    def exists(self) -> bool:
-        conn = self.server_connection()
-        try:
-            cur = conn.cursor()
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.name,))
-            return cur.fetchone() is not None
-        finally:
-            conn.close()
+    LISTED_SQL = "SELECT 1 FROM pg_database WHERE datname = %s"
+    CREATE_SQL = """CREATE DATABASE "{name}" ENCODING 'UTF8' TEMPLATE template0"""
+    DROP_SQL = 'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'  # its sessions ended first
 
-    def create_database(self, *, exclusive: bool = False) -> bool:
-        """Create the database (UTF8, from template0) when missing; True when it was
-        created. With ``exclusive`` an existing database raises DatabaseExistsError."""
-        conn = self.server_connection()
-        try:
-            cur = conn.cursor()
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.name,))
-            if cur.fetchone() is None:
-                try:  # of two runs racing, only one creates it
-                    cur.execute(f'CREATE DATABASE "{self.name}" ENCODING \'UTF8\''
-                                " TEMPLATE template0")
-                    return True
-                except Exception as exc:  # noqa: BLE001 - the driver's DuplicateDatabase
-                    if sqlstate_of(exc) != DUPLICATE_DATABASE:
-                        raise
-            if exclusive:
-                raise DatabaseExistsError(f"database {self.name} exists already")
-            return False
-        finally:
-            conn.close()
-
-    def drop_database(self) -> None:
-        """Drop the database, ending its sessions first (``WITH (FORCE)``)."""
-        conn = self.server_connection()
-        try:
-            conn.cursor().execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        finally:
-            conn.close()
+    def created_meanwhile(self, error: Exception) -> bool:
+        return sqlstate_of(error) == DUPLICATE_DATABASE
 
 
 def default_database_class(driver: str) -> Any:

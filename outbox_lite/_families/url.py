@@ -219,17 +219,56 @@ class DatabaseUrl:
         selected; PostgreSQL: the maintenance database)."""
         raise NotImplementedError
 
+    #: Whether the database named ``%s`` is listed: a row or none (a server connection's).
+    LISTED_SQL: ClassVar[str]
+    #: The statements that create (with the library's encoding) and drop the database
+    #: ``{name}`` (a name the grammar has checked, quoted as the family quotes it).
+    CREATE_SQL: ClassVar[str]
+    DROP_SQL: ClassVar[str]
+
     def exists(self) -> bool:
         """Whether the database exists on the server."""
+        conn = self.server_connection()
+        try:
+            return self._listed(conn.cursor())
+        finally:
+            conn.close()
+
+    def _listed(self, cur: Any) -> bool:
+        cur.execute(self.LISTED_SQL, (self.name,))
+        return cur.fetchone() is not None
+
+    def created_meanwhile(self, error: Exception) -> bool:
+        """Whether the driver's ``error`` from CREATE_SQL says the database exists."""
         raise NotImplementedError
 
     def create_database(self, *, exclusive: bool = False) -> bool:
         """Create the database when missing; True when it was created. With ``exclusive``
-        an existing database raises DatabaseExistsError instead."""
-        raise NotImplementedError
+        an existing database raises DatabaseExistsError instead. (A user without the right
+        to create databases can still use one that exists.)"""
+        conn = self.server_connection()
+        try:
+            cur = conn.cursor()
+            if not self._listed(cur):
+                try:  # no IF NOT EXISTS: of two runs racing, only one creates it
+                    cur.execute(self.CREATE_SQL.format(name=self.name))
+                    return True
+                except Exception as exc:  # noqa: BLE001 - the driver's own error class
+                    if not self.created_meanwhile(exc):
+                        raise
+            if exclusive:
+                raise DatabaseExistsError(f"database {self.name} exists already")
+            return False
+        finally:
+            conn.close()
 
     def drop_database(self) -> None:
-        raise NotImplementedError
+        """Drop the database if it exists (PostgreSQL: ending its sessions first)."""
+        conn = self.server_connection()
+        try:
+            conn.cursor().execute(self.DROP_SQL.format(name=self.name))
+        finally:
+            conn.close()
 
 
 def _decode(part: str, what: str, form: str) -> str:
