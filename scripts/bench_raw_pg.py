@@ -41,8 +41,8 @@ MARK_PUBLISHED = (
 MARK_PUBLISHED_MANY = (
     "UPDATE outbox_event SET status = 'published', published_at = %(now)s,"
     " locked_by = NULL, locked_at = NULL, updated_at = %(now)s"
-    " WHERE id IN (SELECT id FROM outbox_event WHERE id = ANY(%(ids)s)"
-    " AND status = 'processing' AND locked_by = %(locked_by)s ORDER BY id FOR UPDATE)")
+    " WHERE id = ANY(ARRAY(SELECT id FROM outbox_event WHERE id = ANY(%(ids)s)"
+    " AND status = 'processing' AND locked_by = %(locked_by)s ORDER BY id FOR UPDATE))")
 _INSERT = (
     "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
     " status, attempt_count, available_at, created_at, updated_at, headers, expires_at)"

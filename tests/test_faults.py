@@ -359,6 +359,59 @@ def test_statements_whose_plans_visit_the_claims_in_opposite_orders_never_deadlo
         {"status": "pending", "last_error_code": "lock_expired", "locked_by": None}]
 
 
+#: An operator's statement over many dead letters (or old published events) at once, and
+#: the state it leaves them in.
+_OPERATOR_CALLS = {
+    "requeue": lambda repo, ids: repo.requeue_failed(ids),
+    "delete": lambda repo, ids: repo.delete_failed(ids),
+    "purge": lambda repo, ids: repo.purge_published(60),
+}
+
+
+@pytest.mark.parametrize("calls", [("requeue", "delete"), ("delete", "requeue"),
+                                   ("requeue", "requeue"), ("delete", "delete"),
+                                   ("purge", "purge")])
+def test_operators_statements_whose_plans_visit_rows_in_opposite_orders_never_deadlock(
+        db, db_url, repo, clock, fetch, calls):
+    """Two operators at once (the CLI's dead-letters --requeue or --delete, two purges), as
+    in the test above: the first's plan walks the rows in id order and waits at the middle
+    row a third session holds, the second's walks them in the heap's order (the opposite
+    one). Each locks the rows it changes in id order first, so the second waits for the
+    first and finds nothing left to change: no deadlock on either server."""
+    ids = seed(repo, 60)
+    db.execute_sql("UPDATE outbox_event SET id = 1000000 - id")  # heap order: ids descending
+    ids = sorted(1000000 - i for i in ids)
+    if calls[0] == "purge":
+        db.execute_sql("UPDATE outbox_event SET status = 'published', published_at = %s",
+                       (clock().replace(tzinfo=None) - dt.timedelta(hours=1),))
+    else:
+        db.execute_sql("UPDATE outbox_event SET status = 'failed', last_error_code = 'x'")
+    holder, first, second = (ThreadSession(db_url, wait=60) for _ in range(3))
+    try:
+        for session, settings in ((first, _IN_ID_ORDER), (second, _IN_HEAP_ORDER)):
+            for statement in settings[FAMILY.name]:
+                session.run(session.db.execute_sql, statement)
+        holder.begin()
+        holder.run(holder.db.execute_sql,
+                   "SELECT id FROM outbox_event WHERE id = %s FOR UPDATE", (ids[30],))
+        running = first.start(_OPERATOR_CALLS[calls[0]],
+                              OutboxRepository(first.db, clock=clock), ids)
+        _until_waiting(fetch, first)
+        calling = second.start(_OPERATOR_CALLS[calls[1]],
+                               OutboxRepository(second.db, clock=clock), ids)
+        _until_waiting(fetch, second)
+        holder.commit()
+        outcome = (running.result(timeout=60), calling.result(timeout=60))  # or a deadlock
+    finally:
+        for session in (holder, first, second):
+            session.close()
+    assert outcome == (len(ids), 0)
+    left = fetch("SELECT status, attempt_count, COUNT(*) AS n FROM outbox_event"
+                 " GROUP BY status, attempt_count")
+    assert left == ([{"status": "pending", "attempt_count": 0, "n": len(ids)}]
+                    if calls[0] == "requeue" else [])
+
+
 def _until_waiting(fetch, session) -> None:
     """Until ``session``'s transaction waits for a row lock (FAMILY.waits_for_lock; InnoDB
     refreshes its view of waits when it was not read for 0.1 s, hence the pause)."""

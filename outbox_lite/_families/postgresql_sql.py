@@ -5,11 +5,12 @@ MySQL family's (:mod:`.mysql_sql`), and the rule each one follows.
   compare-and-set ``UPDATE … WHERE id … AND status = … [AND locked_by = …]``: the row count
   decides (PostgreSQL counts the rows matched, changed or not).
 * A statement that changes several rows other sessions may change at the same time (the
-  releasers' RELEASE_EXPIRED, a late owner's MARK_PUBLISHED_MANY and EXTEND_LOCKS) changes
-  those a subquery has locked in id order (``id IN (SELECT id … ORDER BY id FOR UPDATE)``:
-  the rows are locked as the sort hands them out). In the plan's own order (an index's, or
-  the heap's for a bitmap or sequential scan, which updates shuffle) two such statements
-  could lock the same rows in opposite orders and deadlock; MySQL's walk the primary key.
+  releasers' RELEASE_EXPIRED, a late owner's MARK_PUBLISHED_MANY and EXTEND_LOCKS, the
+  operators' REQUEUE_FAILED, DELETE_FAILED and PURGE_PUBLISHED) changes those a subquery has
+  locked in id order (``id = ANY(ARRAY(SELECT id … ORDER BY id FOR UPDATE))``: the rows are
+  locked as the sort hands them out). In the plan's own order (an index's, or the heap's
+  for a bitmap or sequential scan, which updates shuffle) two such statements could lock
+  the same rows in opposite orders and deadlock; MySQL's walk the primary key.
 * Scans that find candidates are plain reads (a snapshot) and lock nothing; the claim then
   locks the candidates by id with ``FOR UPDATE SKIP LOCKED``. PostgreSQL has no gap locks: a
   locking range read would not block writers, but it would lock every row it passes.
@@ -30,6 +31,16 @@ from __future__ import annotations
 import functools
 
 from . import Pages, Statement
+
+def _locked_in_id_order(where: str) -> str:
+    """``id = ANY(ARRAY(…))``: the rows among ``%(ids)s`` that meet ``where``, locked in id
+    order (the rule above: two statements whose plans visit the same rows in opposite orders
+    would otherwise deadlock). The array is computed once, before the statement reads a
+    row, so the statement then goes by the primary key whatever the table's size (``id IN
+    (SELECT …)`` is a join, which on a small table the planner makes with a full scan)."""
+    return (f"id = ANY(ARRAY(SELECT id FROM outbox_event WHERE id = ANY(%(ids)s) AND {where}"
+            " ORDER BY id FOR UPDATE))")
+
 
 # -- writing ----------------------------------------------------------------------------
 
@@ -133,8 +144,7 @@ MARK_PUBLISHED = Statement(
 MARK_PUBLISHED_MANY = Statement(
     "UPDATE outbox_event SET status = 'published', published_at = %(now)s,"
     " locked_by = NULL, locked_at = NULL, updated_at = %(now)s"
-    " WHERE id IN (SELECT id FROM outbox_event WHERE id = ANY(%(ids)s)"
-    " AND status = 'processing' AND locked_by = %(locked_by)s ORDER BY id FOR UPDATE)"
+    " WHERE " + _locked_in_id_order("status = 'processing' AND locked_by = %(locked_by)s")
 )
 FAILED_FOR_GOOD = Statement(
     "UPDATE outbox_event SET status = 'failed', last_error_code = %(code)s,"
@@ -163,8 +173,7 @@ def retry_or_fail(steps: int) -> Statement:
 #: PostgreSQL counts matched rows: one statement says how many claims were renewed.
 EXTEND_LOCKS = Statement(
     "UPDATE outbox_event SET locked_at = %(now)s, updated_at = %(now)s"
-    " WHERE id IN (SELECT id FROM outbox_event WHERE id = ANY(%(ids)s)"
-    " AND status = 'processing' AND locked_by = %(locked_by)s ORDER BY id FOR UPDATE)"
+    " WHERE " + _locked_in_id_order("status = 'processing' AND locked_by = %(locked_by)s")
 )
 
 # -- pages: lock-free keyset reads of ids -------------------------------------------------
@@ -194,26 +203,25 @@ RELEASE_EXPIRED = Statement(
     " || to_char(locked_at, 'YYYY-MM-DD HH24:MI:SS.US') || ' UTC expired',"
     " status = CASE WHEN attempt_count >= %(max_attempts)s THEN 'failed' ELSE 'pending' END,"
     " last_error_code = 'lock_expired', locked_by = NULL, locked_at = NULL,"
-    " updated_at = %(now)s WHERE id IN (SELECT id FROM outbox_event WHERE id = ANY(%(ids)s)"
-    " AND locked_at < %(cutoff)s AND status = 'processing' ORDER BY id FOR UPDATE)"
+    " updated_at = %(now)s WHERE "
+    + _locked_in_id_order("locked_at < %(cutoff)s AND status = 'processing'")
 )
-REQUEUE_FAILED = Statement(
-    "UPDATE outbox_event SET status = 'pending', attempt_count = 0, available_at = %(now)s,"
-    " updated_at = %(now)s WHERE id = ANY(%(ids)s) AND status = 'failed'"
-)
+
+
+
+_REQUEUE = ("UPDATE outbox_event SET status = 'pending', attempt_count = 0,"
+            " available_at = %(now)s, updated_at = %(now)s WHERE ")
+REQUEUE_FAILED = Statement(_REQUEUE + _locked_in_id_order("status = 'failed'"))
 REQUEUE_FAILED_WITH_CODE = Statement(
-    "UPDATE outbox_event SET status = 'pending', attempt_count = 0, available_at = %(now)s,"
-    " updated_at = %(now)s WHERE id = ANY(%(ids)s) AND status = 'failed'"
-    " AND last_error_code = %(code)s"
-)
+    _REQUEUE + _locked_in_id_order("status = 'failed' AND last_error_code = %(code)s"))
 DELETE_FAILED = Statement(
-    "DELETE FROM outbox_event WHERE id = ANY(%(ids)s) AND status = 'failed'")
+    "DELETE FROM outbox_event WHERE " + _locked_in_id_order("status = 'failed'"))
 DELETE_FAILED_WITH_CODE = Statement(
-    "DELETE FROM outbox_event WHERE id = ANY(%(ids)s) AND status = 'failed'"
-    " AND last_error_code = %(code)s")
+    "DELETE FROM outbox_event WHERE "
+    + _locked_in_id_order("status = 'failed' AND last_error_code = %(code)s"))
 PURGE_PUBLISHED = Statement(
-    "DELETE FROM outbox_event WHERE id = ANY(%(ids)s) AND status = 'published'"
-    " AND published_at < %(cutoff)s")
+    "DELETE FROM outbox_event WHERE "
+    + _locked_in_id_order("status = 'published' AND published_at < %(cutoff)s"))
 
 #: Pending events behind a dead letter of their aggregate: ordered claims leave them alone.
 HELD_BACK = Statement(
