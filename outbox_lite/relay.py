@@ -490,7 +490,12 @@ class Relay:
         stopped at once (KeyboardInterrupt) leaves behind, released after the lock timeout.
         Read on a new connection of the calling thread: the one the interrupt may have broken
         mid-statement is dropped first, and the server is let finish what it was doing on
-        it (a COMMIT whose answer was never read)."""
+        it (a COMMIT whose answer was never read). A transaction of the relay's that Peewee
+        still lists is forgotten with it: an interrupt that lands in ``atomic()``'s
+        ``__enter__``, after the transaction is recorded, leaves one no ``__exit__`` will
+        end (the server rolls it back with the dropped connection)."""
+        while self._database.in_transaction():
+            self._database.pop_transaction()
         conn = getattr(getattr(self._database, "_state", None), "conn", None)
         old = None if conn is None else self._family.session_id(conn)
         reconnect(self._database)
