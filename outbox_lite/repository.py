@@ -205,14 +205,16 @@ class OutboxRepository:
             _schema.check(self.database, (TABLE_NAME,))
             self._schema_checked = True
 
-    def _event(self, row: Sequence[Any], changes: dict[str, Any] | None = None) -> OutboxEvent:
+    def _event(self, row: Sequence[Any], changes: dict[str, Any] | None = None,
+               instants: Sequence[str] | None = None) -> OutboxEvent:
         """An event from a row of :data:`COLUMNS` (with ``changes`` applied), read as
         Peewee's own readers would: instants as aware UTC, the payload decoded. No call per
-        field: a claim builds many."""
+        field: a claim builds many. ``instants``: the instants to make aware (default: all;
+        those ``changes`` sets are aware already)."""
         data = dict(zip(self._names, row))
         if changes:
             data.update(changes)
-        for name in self._instants:
+        for name in self._instants if instants is None else instants:
             value = data[name]
             if value is not None and value.tzinfo is None:
                 data[name] = _combine(value.date(), value.time(), _UTC)  # models.aware
@@ -239,9 +241,10 @@ class OutboxRepository:
         and the row's id, code and message), logged as a warning: a row nobody can read
         never stops the rows behind it."""
         events = []
+        instants = [name for name in self._instants if name not in (changes or ())]
         for row in rows:
             try:
-                events.append(self._event(row, changes))
+                events.append(self._event(row, changes, instants))
             except _Unreadable as unreadable:
                 code, message = unreadable.args
                 changed = self._run(dead_letter, id=row[0], code=code, message=message,
