@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a c
 import bench  # noqa: E402  (beside this script)
 from outbox_lite import repository  # noqa: E402
 from outbox_lite._db import DatabaseUrl  # noqa: E402
+from outbox_lite.models import aware  # noqa: E402
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/outbox_lite_test"
 
@@ -55,11 +56,11 @@ def _staged(level: int) -> type:
                     data = dict(zip(self._names, row))
                     if changes:
                         data.update(changes)
-                    if level >= 3:
+                    if level >= 3:  # as the library does it (models.aware)
                         for name in self._instants:
                             value = data[name]
                             if value is not None and value.tzinfo is None:
-                                data[name] = value.replace(tzinfo=repository._UTC)
+                                data[name] = aware(value)
                     data["payload"] = repository._decode_payload(data["payload"])
                     data["headers"] = repository._decode_headers(data["headers"])
                     event.__data__ = data
