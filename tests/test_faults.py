@@ -332,35 +332,18 @@ def test_statements_whose_plans_visit_the_claims_in_opposite_orders_never_deadlo
     rows in its plan's order would hold rows above the middle when the holder lets go: a
     deadlock, every time, on PostgreSQL before these statements locked in id order. Locked in
     id order first, the second waits for the releaser, and finds nothing left to change."""
-    ids = claim_all(repo, "dead-worker", 60)
-    db.execute_sql("UPDATE outbox_event SET id = 1000000 - id")  # heap order: ids descending
-    ids = sorted(1000000 - i for i in ids)
+    ids = _renumbered(db, claim_all(repo, "dead-worker", 60))
     clock.advance(minutes=10)
-    holder, first, second = (ThreadSession(db_url, wait=60) for _ in range(3))
-    try:
-        for session, settings in ((first, _IN_ID_ORDER), (second, _IN_HEAP_ORDER)):
-            for statement in settings[FAMILY.name]:
-                session.run(session.db.execute_sql, statement)
-        holder.begin()
-        holder.run(holder.db.execute_sql,
-                   "SELECT id FROM outbox_event WHERE id = %s FOR UPDATE", (ids[30],))
-        releasing = first.start(
-            OutboxRepository(first.db, clock=clock).release_expired_locks, 60)
-        _until_waiting(fetch, first)
-        calling = second.start(_LATE_CALLS[late], OutboxRepository(second.db, clock=clock), ids)
-        _until_waiting(fetch, second)
-        holder.commit()
-        outcome = (releasing.result(timeout=60), calling.result(timeout=60))  # or a deadlock
-    finally:
-        for session in (holder, first, second):
-            session.close()
+    outcome = _in_opposite_orders(
+        db_url, fetch, ids[30],
+        lambda session: OutboxRepository(session.db, clock=clock).release_expired_locks(60),
+        lambda session: _LATE_CALLS[late](OutboxRepository(session.db, clock=clock), ids))
     assert outcome == (len(ids), 0)
     assert fetch("SELECT DISTINCT status, last_error_code, locked_by FROM outbox_event") == [
         {"status": "pending", "last_error_code": "lock_expired", "locked_by": None}]
 
 
-#: An operator's statement over many dead letters (or old published events) at once, and
-#: the state it leaves them in.
+#: An operator's statement over many dead letters (or old published events) at once.
 _OPERATOR_CALLS = {
     "requeue": lambda repo, ids: repo.requeue_failed(ids),
     "delete": lambda repo, ids: repo.delete_failed(ids),
@@ -378,14 +361,36 @@ def test_operators_statements_whose_plans_visit_rows_in_opposite_orders_never_de
     row a third session holds, the second's walks them in the heap's order (the opposite
     one). Each locks the rows it changes in id order first, so the second waits for the
     first and finds nothing left to change: no deadlock on either server."""
-    ids = seed(repo, 60)
-    db.execute_sql("UPDATE outbox_event SET id = 1000000 - id")  # heap order: ids descending
-    ids = sorted(1000000 - i for i in ids)
+    ids = _renumbered(db, seed(repo, 60))
     if calls[0] == "purge":
         db.execute_sql("UPDATE outbox_event SET status = 'published', published_at = %s",
                        (clock().replace(tzinfo=None) - dt.timedelta(hours=1),))
     else:
         db.execute_sql("UPDATE outbox_event SET status = 'failed', last_error_code = 'x'")
+    first, second = (_OPERATOR_CALLS[call] for call in calls)
+    outcome = _in_opposite_orders(
+        db_url, fetch, ids[30],
+        lambda session: first(OutboxRepository(session.db, clock=clock), ids),
+        lambda session: second(OutboxRepository(session.db, clock=clock), ids))
+    assert outcome == (len(ids), 0)
+    left = fetch("SELECT status, attempt_count, COUNT(*) AS n FROM outbox_event"
+                 " GROUP BY status, attempt_count")
+    assert left == ([{"status": "pending", "attempt_count": 0, "n": len(ids)}]
+                    if calls[0] == "requeue" else [])
+
+
+def _renumbered(db, ids: list[int]) -> list[int]:
+    """Renumber the table's rows so that the heap's order is the ids' opposite one; the new
+    ids of ``ids``, ascending."""
+    db.execute_sql("UPDATE outbox_event SET id = 1000000 - id")
+    return sorted(1000000 - i for i in ids)
+
+
+def _in_opposite_orders(db_url, fetch, middle: int, first_call, second_call) -> tuple:
+    """Run ``first_call(session)`` on a session whose plans visit rows in id order, with a
+    third session holding row ``middle`` until it waits there, then ``second_call(session)``
+    on one whose plans visit them in the heap's order until it waits too; let ``middle`` go.
+    Their results (or the deadlock one of them raises)."""
     holder, first, second = (ThreadSession(db_url, wait=60) for _ in range(3))
     try:
         for session, settings in ((first, _IN_ID_ORDER), (second, _IN_HEAP_ORDER)):
@@ -393,23 +398,16 @@ def test_operators_statements_whose_plans_visit_rows_in_opposite_orders_never_de
                 session.run(session.db.execute_sql, statement)
         holder.begin()
         holder.run(holder.db.execute_sql,
-                   "SELECT id FROM outbox_event WHERE id = %s FOR UPDATE", (ids[30],))
-        running = first.start(_OPERATOR_CALLS[calls[0]],
-                              OutboxRepository(first.db, clock=clock), ids)
+                   "SELECT id FROM outbox_event WHERE id = %s FOR UPDATE", (middle,))
+        running = first.start(first_call, first)
         _until_waiting(fetch, first)
-        calling = second.start(_OPERATOR_CALLS[calls[1]],
-                               OutboxRepository(second.db, clock=clock), ids)
+        calling = second.start(second_call, second)
         _until_waiting(fetch, second)
         holder.commit()
-        outcome = (running.result(timeout=60), calling.result(timeout=60))  # or a deadlock
+        return running.result(timeout=60), calling.result(timeout=60)
     finally:
         for session in (holder, first, second):
             session.close()
-    assert outcome == (len(ids), 0)
-    left = fetch("SELECT status, attempt_count, COUNT(*) AS n FROM outbox_event"
-                 " GROUP BY status, attempt_count")
-    assert left == ([{"status": "pending", "attempt_count": 0, "n": len(ids)}]
-                    if calls[0] == "requeue" else [])
 
 
 def _until_waiting(fetch, session) -> None:
