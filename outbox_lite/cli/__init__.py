@@ -298,6 +298,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _interrupted(args.command, exc, exc)
 
 
+def run() -> NoReturn:
+    """The ``outbox-lite`` command (and ``python -m outbox_lite.cli``): :func:`main`, then exit
+    with its status.
+
+    Once ``main`` has returned, the command is done and only the interpreter's shutdown is
+    left, so SIGINT is ignored from then on. Python resets its signal handlers to the system
+    default while it shuts down, and a Ctrl-C there (the second of a graceful stop, pressed as
+    the relay finished) killed a process that had ended cleanly: exit status -2 instead of
+    its own (seen in CI). Every thread left then is a daemon thread, so nothing can wait for
+    a Ctrl-C to end it."""
+    status = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
+
+
 def _interrupted(command: str, exc: KeyboardInterrupt, caught: BaseException) -> int:
     """Report a stop at once; the exit status a shell gives for the signal (130, 143).
 

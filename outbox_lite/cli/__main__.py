@@ -1,7 +1,5 @@
 """``python -m outbox_lite.cli``: the ``outbox-lite`` command."""
 
-import sys
+from . import run
 
-from . import main
-
-sys.exit(main())
+run()
