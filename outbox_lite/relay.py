@@ -323,6 +323,7 @@ class Relay:
         self._given_up = 0  # lost claims counted by _give_up, not yet through _count
         self._running = False
         self._progress_at = 0.0  # time.monotonic() of the loop's last progress (see _progress)
+        self._cut_short = False  # the last run() was stopped at once (see claims_held)
         if metrics is not None:
             metrics.attach(self)
 
@@ -341,6 +342,7 @@ class Relay:
         next_progress = time.monotonic() + self.progress_every
         carried: _Outcomes | None = None
         self._running = True
+        self._cut_short = False
         self._progress()
         idle = _wake.IdlePause(self.idle_pause, self.max_idle_pause, self._bell)
         stop_listening = _wake.listen(self._bell, self._database, self.wake,
@@ -384,8 +386,10 @@ class Relay:
                 if self.progress_every and time.monotonic() >= next_progress:
                     self.log_progress()
                     next_progress = time.monotonic() + self.progress_every
-        except KeyboardInterrupt:
-            carried = None  # stopping at once: the claims held are left to expire
+        except BaseException as exc:
+            if interruption(exc) is not None:  # an interrupt, or an error unwinding from one
+                carried = None  # stopping at once: the claims held are left to expire
+                self._cut_short = True
             raise
         finally:
             try:
@@ -490,11 +494,13 @@ class Relay:
         stopped at once (KeyboardInterrupt) leaves behind, released after the lock timeout.
         Read on a new connection of the calling thread: the one the interrupt may have broken
         mid-statement is dropped first, and the server is let finish what it was doing on
-        it (a COMMIT whose answer was never read). A transaction of the relay's that Peewee
-        still lists is forgotten with it: an interrupt that lands in ``atomic()``'s
-        ``__enter__``, after the transaction is recorded, leaves one no ``__exit__`` will
-        end (the server rolls it back with the dropped connection)."""
-        while self._database.in_transaction():
+        it (a COMMIT whose answer was never read). After a :meth:`run` stopped at once, a
+        transaction Peewee still lists on this thread is that run's, and is forgotten with
+        the connection: an interrupt that lands in ``atomic()``'s ``__enter__``, after the
+        transaction is recorded, leaves one that no ``__exit__`` ends (the server rolls it
+        back with the dropped connection). Otherwise an open transaction is the caller's, and
+        OutboxError says so, changing nothing."""
+        while self._cut_short and self._database.in_transaction():
             self._database.pop_transaction()
         conn = getattr(getattr(self._database, "_state", None), "conn", None)
         old = None if conn is None else self._family.session_id(conn)

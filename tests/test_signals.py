@@ -314,22 +314,40 @@ def test_a_stop_at_once_shows_no_finalizer_of_what_it_cut_short(db, db_url, repo
     assert held == 3 and f"leaves {held} claims held" in err, err
 
 
+class _CutInsideAtomic:
+    """Stops the relay as a second Ctrl-C landing in ``atomic().__enter__`` does: a
+    transaction recorded (its BEGIN sent, a row changed) that no ``__exit__`` will end, then
+    KeyboardInterrupt."""
+
+    def __init__(self, db) -> None:
+        self.db = db
+
+    def publish(self, events):
+        self.db.atomic().__enter__()
+        self.db.execute_sql("UPDATE outbox_event SET attempt_count = 7")  # rolled back later
+        raise KeyboardInterrupt
+
+    def close(self) -> None:
+        pass
+
+
 def test_the_claims_left_are_counted_after_an_interrupt_inside_atomics_enter(db, repo, fetch):
-    """An interrupt can land in ``atomic().__enter__`` after Peewee recorded the transaction
-    (its BEGIN sent): the block never began, so no ``__exit__`` ends it. CI saw it once on
-    PostgreSQL 18 with psycopg2 (the test above, round 6 of 10: "its claims could not be
-    counted (OutboxError)", 1000 held). claims_held forgets that transaction with the
-    connection and counts what the database says; the database object is usable after."""
+    """An interrupt can land in ``atomic().__enter__`` after Peewee recorded the transaction:
+    the block never began, so no ``__exit__`` ends it. CI saw it once on PostgreSQL 18 with
+    psycopg2 (the busy relay above, round 6 of 10: "its claims could not be counted
+    (OutboxError)", 1000 held). After a run stopped at once, claims_held forgets that
+    transaction with the connection and counts what the database says; a caller's own open
+    transaction, with no run cut short, is refused and left as it was."""
     from _relay_publishers import flaky
+    from outbox_lite import OutboxError
     from outbox_lite.relay import Relay
 
     seed(repo, 3)
-    with db.atomic():
-        repo.claim_batch("cut-short", limit=2)
-    relay = Relay(repo, flaky(), worker_id="cut-short")
-    db.atomic().__enter__()  # what the interrupt leaves: a transaction nobody will end
-    db.execute_sql("UPDATE outbox_event SET attempt_count = 7")  # rolled back with it
+    relay = Relay(repo, _CutInsideAtomic(db), worker_id="cut-short", batch_size=2,
+                  progress_every=0)
     try:
+        with pytest.raises(KeyboardInterrupt):
+            relay.run()
         assert relay.claims_held() == 2
         assert not db.in_transaction()
     finally:  # whatever happened, no open transaction may hold the teardown's DROP back
@@ -341,6 +359,14 @@ def test_the_claims_left_are_counted_after_an_interrupt_inside_atomics_enter(db,
         {"status": "pending", "attempt_count": 0, "n": 1},
         {"status": "processing", "attempt_count": 1, "n": 2}]
     assert repo.stats().counts["processing"] == 2
+
+    with db.atomic():  # the caller's: never dropped by a relay that was not cut short
+        db.execute_sql("UPDATE outbox_event SET attempt_count = 5 WHERE status = 'pending'")
+        with pytest.raises(OutboxError, match="outside a transaction"):
+            Relay(repo, flaky(), worker_id="cut-short").claims_held()
+        assert db.in_transaction()
+    assert fetch("SELECT attempt_count FROM outbox_event WHERE status = 'pending'") == [
+        {"attempt_count": 5}]
 
 
 def test_a_sigint_while_the_finished_command_shuts_down_changes_nothing():
