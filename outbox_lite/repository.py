@@ -50,8 +50,6 @@ Clock = Callable[[], dt.datetime]
 
 _CHUNK = 500  # ids per IN (…) list
 _AVAILABLE_AT = operator.itemgetter(COLUMNS.index("available_at"))
-_UTC = dt.timezone.utc
-_combine = dt.datetime.combine
 _PENDING, _PROCESSING = OutboxStatus.PENDING.value, OutboxStatus.PROCESSING.value
 
 
@@ -205,19 +203,18 @@ class OutboxRepository:
             _schema.check(self.database, (TABLE_NAME,))
             self._schema_checked = True
 
-    def _event(self, row: Sequence[Any], changes: dict[str, Any] | None = None,
-               instants: Sequence[str] | None = None) -> OutboxEvent:
+    def _event(self, row: Sequence[Any], changes: dict[str, Any] | None,
+               instants: Sequence[str]) -> OutboxEvent:
         """An event from a row of :data:`COLUMNS` (with ``changes`` applied), read as
-        Peewee's own readers would: instants as aware UTC, the payload decoded. No call per
-        field: a claim builds many. ``instants``: the instants to make aware (default: all;
-        those ``changes`` sets are aware already)."""
+        Peewee's own readers would: ``instants`` (those ``changes`` does not set) as aware
+        UTC, the payload decoded. No call per field: a claim builds many."""
         data = dict(zip(self._names, row))
         if changes:
             data.update(changes)
-        for name in self._instants if instants is None else instants:
+        for name in instants:
             value = data[name]
             if value is not None and value.tzinfo is None:
-                data[name] = _combine(value.date(), value.time(), _UTC)  # models.aware
+                data[name] = aware(value)
         data["payload"] = _decode_payload(data["payload"])
         data["headers"] = _decode_headers(data["headers"])
         return self._instance(data)

@@ -32,6 +32,7 @@ import functools
 
 from . import Pages, Statement
 
+
 def _locked_in_id_order(where: str) -> str:
     """``id = ANY(ARRAY(…))``: the rows among ``%(ids)s`` that meet ``where``, locked in id
     order (the rule above: two statements whose plans visit the same rows in opposite orders
@@ -206,9 +207,6 @@ RELEASE_EXPIRED = Statement(
     " updated_at = %(now)s WHERE "
     + _locked_in_id_order("locked_at < %(cutoff)s AND status = 'processing'")
 )
-
-
-
 _REQUEUE = ("UPDATE outbox_event SET status = 'pending', attempt_count = 0,"
             " available_at = %(now)s, updated_at = %(now)s WHERE ")
 REQUEUE_FAILED = Statement(_REQUEUE + _locked_in_id_order("status = 'failed'"))
