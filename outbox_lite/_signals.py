@@ -60,6 +60,9 @@ def stop_on_signals(stop: threading.Event, say: Say) -> Iterator[None]:
         handled[0] += 1
         at_once = interrupt[0] or (signum == signal.SIGINT and handled[0] > 1)
         if at_once and not raised[0]:
+            if _in_finalizer(frame):  # raised there, it would be printed and dropped
+                _again_soon(signal.SIGINT)
+                return
             raised[0] = True
             raise Interrupted(signal.SIGINT)
 
@@ -85,10 +88,40 @@ def interrupt_on(*signums: int) -> Iterator[None]:
     clean-up runs in ``finally`` blocks)."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if _in_finalizer(frame):  # raised there, it would be printed and dropped
+            _again_soon(signum)
+            return
         raise Interrupted(signum)
 
     with _handlers(dict.fromkeys(signums, handler)):
         yield
+
+
+#: Seconds before a signal whose handler ran inside a finalizer is delivered again.
+_AGAIN_AFTER = 0.005
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether the main thread, interrupted at ``frame``, is running a finalizer
+    (``__del__``): Python prints an exception raised there ("Exception ignored in …") and
+    drops it, so an interrupt raised there would stop nothing (CI: a second Ctrl-C that
+    landed in PyMySQL's MySQLResult.__del__ let the relay finish its batch, with a
+    traceback)."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _again_soon(signum: int) -> None:
+    """Deliver ``signum`` to the main thread again in a moment, once it has left the
+    finalizer (a real signal, so that a blocking call is interrupted)."""
+    main_thread = threading.main_thread().ident
+    if main_thread is not None:
+        timer = threading.Timer(_AGAIN_AFTER, signal.pthread_kill, (main_thread, signum))
+        timer.daemon = True
+        timer.start()
 
 
 @contextlib.contextmanager

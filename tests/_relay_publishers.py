@@ -177,6 +177,34 @@ def slow_stop_waits() -> _Flaky:
     return _Flaky()
 
 
+class _SignalsInItsFinalizer:
+    """An object whose finalizer is where the second Ctrl-C lands (as it landed in PyMySQL's
+    MySQLResult.__del__ in a CI run)."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # again: a stop at once, its handler run here
+        time.sleep(0.05)
+
+
+class _InterruptedInAFinalizer:
+    """Its first publish gets Ctrl-C (the relay's graceful stop), then a second one while a
+    finalizer runs, then takes a second more."""
+
+    def publish(self, events: Sequence[Any]) -> Mapping[int, BaseException]:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: the relay's graceful stop
+        time.sleep(0.2)
+        _SignalsInItsFinalizer()  # dropped at once: its __del__ runs here
+        time.sleep(1.0)  # a stop at once ends this
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def interrupted_in_a_finalizer() -> _InterruptedInAFinalizer:
+    return _InterruptedInAFinalizer()
+
+
 class _HalfMade:
     """As PyMySQL's MySQLResult when a signal lands in its ``__init__``: the attribute its
     ``__del__`` reads was never set, so finalizing it raises AttributeError."""
