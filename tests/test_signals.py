@@ -296,41 +296,29 @@ def test_a_second_sigint_on_a_busy_relay_exits_130_and_says_truly_what_it_left(
     assert interrupted >= 5, f"only {interrupted} of 10 relays were interrupted while busy"
 
 
-def test_a_stop_at_once_shows_no_finalizer_of_what_it_cut_short(db, db_url, repo, fetch):
-    """A second SIGINT lands inside a half-made object's ``__init__`` (as it landed in
-    PyMySQL's MySQLResult in a CI run: its ``__del__`` then raised AttributeError, and Python
-    printed that traceback after "interrupted by SIGINT"). The relay says its one line and
-    exits 130; the object is finalized quietly, and the claim it leaves is what it says."""
+@pytest.mark.parametrize("publisher", ["interrupted_mid_result", "interrupted_in_a_finalizer"])
+def test_a_stop_at_once_near_a_finalizer_says_one_line_and_stops(db, db_url, repo, fetch,
+                                                                  publisher):
+    """Two CI runs, each a second SIGINT that met a finalizer in PyMySQL's MySQLResult:
+    ``interrupted_mid_result``: it landed inside a half-made object's ``__init__``, whose
+    ``__del__`` then raised AttributeError, and Python printed that traceback after
+    "interrupted by SIGINT" (the object is now finalized quietly).
+    ``interrupted_in_a_finalizer``: its handler ran inside a ``__del__``, where Python prints
+    an exception and drops it ("Exception ignored in: <function MySQLResult.__del__>" with our
+    Interrupted, MySQL on Python 3.13), and the relay went on to record its batch (the
+    interrupt is now delivered again once the finalizer is over). Either way: exit 130,
+    nothing but our lines, and the claims it leaves said truly."""
     seed(repo, 3)
-    relay = _relay(db_url, "--publisher", "_relay_publishers:interrupted_mid_result",
-                   "--worker-id", "half-made")
+    relay = _relay(db_url, "--publisher", f"_relay_publishers:{publisher}",
+                   "--worker-id", "near-a-finalizer")
     _started(relay)
     code, err = _ended(relay)
     held = fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'processing'"
-                 " AND locked_by = 'half-made'")[0]["n"]
+                 " AND locked_by = 'near-a-finalizer'")[0]["n"]
     assert code == 130, err
     assert "interrupted by SIGINT" in err, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert held == 3 and f"leaves {held} claims held" in err, err
-
-
-def test_a_second_sigint_inside_a_finalizer_still_stops_at_once(db, db_url, repo, fetch):
-    """The second SIGINT's handler runs inside a finalizer (``__del__``), where Python prints
-    an exception and drops it (CI, MySQL on Python 3.13, the busy relay above, round 2 of
-    10: "Exception ignored in: <function MySQLResult.__del__>" with our Interrupted, and the
-    relay went on to record its batch). The interrupt is delivered again once the finalizer
-    is over: exit 130, nothing but our lines, and the claims it leaves said truly."""
-    seed(repo, 3)
-    relay = _relay(db_url, "--publisher", "_relay_publishers:interrupted_in_a_finalizer",
-                   "--worker-id", "in-finalizer")
-    _started(relay)
-    code, err = _ended(relay)
-    held = fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'processing'"
-                 " AND locked_by = 'in-finalizer'")[0]["n"]
-    assert code == 130, err
-    assert "interrupted by SIGINT" in err, err
-    assert "Traceback" not in err and "Exception ignored" not in err, err
-    assert held == 3 and "leaves 3 claims held" in err, err
 
 
 class _CutInsideAtomic:
