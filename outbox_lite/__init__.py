@@ -1,6 +1,7 @@
 """outbox_lite: a Transactional Outbox on Peewee and MySQL/MariaDB."""
 
 from ._db import CONNECTION_ERRORS, reconnect
+from ._version import __version__
 from .backoff import Backoff
 from .errors import (
     ConnectionLostError,
@@ -38,4 +39,3 @@ __all__ = [
     "TransactionRequiredError",
     "reconnect",
 ]
-__version__ = "0.1.0"

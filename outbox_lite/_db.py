@@ -17,11 +17,10 @@ import peewee as pw
 
 from . import _session
 from ._families import connection_trouble, family_of, tls_refused
-from ._families.mysql import OPTIONS
 from ._families.url import DatabaseExistsError, DatabaseUrl, DatabaseUrlError
 from .errors import ConnectionLostError, OutboxError, SchemaError
 
-__all__ = ["CONNECTION_ERRORS", "DEFAULT_URL", "OPTIONS", "DatabaseExistsError", "DatabaseUrl",
+__all__ = ["CONNECTION_ERRORS", "DEFAULT_URL", "DatabaseExistsError", "DatabaseUrl",
            "DatabaseUrlError", "execute", "is_connection_error", "lost_connection",
            "reconnect", "tls_failure"]
 

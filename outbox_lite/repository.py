@@ -23,7 +23,8 @@ import peewee as pw
 from . import _checks, _schema, _session, tracing as _tracing, wake as _wake
 from ._clock import server_clock
 from ._db import execute
-from ._families import Statement, family_of
+from ._families import family_of
+from ._families.contract import Statement
 from .backoff import Backoff
 from .errors import (
     InvalidEventError,

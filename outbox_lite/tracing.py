@@ -32,6 +32,7 @@ import copy
 import logging
 from typing import Any, Iterator, Mapping, Sequence
 
+from ._version import __version__
 from .payload import MAX_HEADERS, MAX_HEADERS_BYTES, headers_size
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,6 @@ class PublishTracer:
         if api is None:
             raise ImportError("tracing needs the opentelemetry-api package; install it with "
                               "pip install 'outbox-lite[otel]'")
-        from . import __version__
 
         self._trace, self._propagator = api
         self._tracer = self._trace.get_tracer(_INSTRUMENTATION, __version__, tracer_provider)

@@ -18,11 +18,12 @@ from typing import Any, Callable, Sequence
 import peewee as pw
 import pymysql
 
-from ..errors import DuplicateEventError, LockConflictError
-from . import Column, Family
+from ..errors import DuplicateEventError, LockConflictError, PayloadError
+from . import mysql_packet
 from . import mysql_sql as sql
-from .url import DatabaseUrl, DatabaseUrlError, flag_option, text_option
+from .contract import Column, Family
 from .mysql_server import LockCounters, Server, peewee_query, server_of
+from .url import DatabaseUrl, DatabaseUrlError, flag_option, text_option
 
 
 class MySQLDatabase(pw.MySQLDatabase):
@@ -81,6 +82,22 @@ _SERVER_ERRORS = {
 #: "CREATE command denied to user 'app'@'host' for table `db`.`t`" (MariaDB; MySQL: 't').
 _DENIED_RE = re.compile(r"(\w+) command denied to user '([^']*)'@'[^']*' for table "
                         r"[`']?(?:[^`'.]*[`']?\.[`']?)?([^`'.]+)[`']?")
+
+
+_LIMIT_RE = re.compile(r"max_allowed_packet \((\d+)\)")
+
+
+def refused(exc: BaseException) -> PayloadError | None:
+    """The PayloadError for an INSERT that MySQL refused because the payload's binary JSON
+    is longer than ``max_allowed_packet`` (1301), else None. MySQL undid that statement
+    alone: the caller's transaction goes on."""
+    if errno_of(exc) != ER_JSON_TOO_BIG:
+        return None
+    limit = _LIMIT_RE.search(str(getattr(exc, "orig", exc)))
+    return PayloadError(
+        "the server refused the payload: its binary JSON form is larger than the server's "
+        f"max_allowed_packet ({limit[1] + ' bytes' if limit else 'see the server'}); send a "
+        "smaller payload, or raise max_allowed_packet on the server")
 
 
 # ---------------------------------------------------------------------------
@@ -177,7 +194,6 @@ class MySQLFamily(Family):
     @staticmethod
     def payload_refused(exc: BaseException) -> Any:
         """The PayloadError for an INSERT the server refused for its payload, else None."""
-        from .mysql_packet import refused
         return refused(exc)
 
     def describe(self, exc: BaseException, url: DatabaseUrl | None,
@@ -245,7 +261,6 @@ class MySQLFamily(Family):
         server (the measurements are in :mod:`.mysql_sql`). Raises DuplicateEventError, and
         PayloadError for a payload the server's ``max_allowed_packet`` would refuse (before
         any SQL) or refused. ``execute(statement, params)`` runs a statement."""
-        from . import mysql_packet
         statement, read_first = sql.INSERT, False
         if given_key:
             if isolation in self._ONE_STATEMENT_LEVELS:
@@ -253,8 +268,8 @@ class MySQLFamily(Family):
             else:
                 read_first = True
         params = statement.params(values)
-        mysql_packet.check_insert(mysql_packet.packet_limit(database), statement, payload,
-                                  values["payload"], params)
+        limit = mysql_packet.packet_limit(database, execute)
+        mysql_packet.check_insert(limit, statement, payload, values["payload"], params)
         key = values["dedupe_key"]
         if read_first and execute(sql.DEDUPE_KEY_TAKEN,
                                   sql.DEDUPE_KEY_TAKEN.params(values)).fetchone():
@@ -266,9 +281,9 @@ class MySQLFamily(Family):
                 raise DuplicateEventError(key) from exc
             raise
         except pw.OperationalError as exc:
-            refused = mysql_packet.refused(exc)
-            if refused is not None:
-                raise refused from exc
+            too_big = refused(exc)
+            if too_big is not None:
+                raise too_big from exc
             raise
         if cursor.rowcount == 0:  # INSERT_UNLESS_TAKEN found the key committed
             raise DuplicateEventError(key)
@@ -483,3 +498,4 @@ class MySQLUrl(DatabaseUrl):
 
 
 MySQLFamily.url_class = MySQLUrl
+MySQLUrl.family = FAMILY

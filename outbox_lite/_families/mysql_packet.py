@@ -9,8 +9,9 @@ What each server does with a payload past it (measured on MariaDB 10.11 and MySQ
   the connection; PyMySQL then reports ``2006 server has gone away``, a connection error that a
   retry loop retries for ever. :func:`check_insert` refuses such a payload before any SQL.
 * **Storing**, MySQL: a JSON value whose binary form is longer than the limit is refused with
-  1301 (``json_binary::serialize()``), the statement alone undone: :func:`refused` makes
-  that a PayloadError too (the one case found only once the INSERT is sent).
+  1301 (``json_binary::serialize()``), the statement alone undone: the family's
+  ``payload_refused`` (:func:`outbox_lite._families.mysql.refused`) makes that a PayloadError
+  too (the one case found only once the INSERT is sent).
 * **Reading**, MySQL: a JSON value whose text (MySQL's own, with a space after each ``:`` and
   ``,``) is longer than the limit comes back as an empty string with warning 1301. MariaDB
   keeps JSON as LONGTEXT and sends it whole whatever the limit. So on MySQL a payload is also
@@ -21,16 +22,13 @@ What each server does with a payload past it (measured on MariaDB 10.11 and MySQ
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, NamedTuple, Sequence
 
 import peewee as pw
 from pymysql.converters import escape_item
 
-from .._db import execute
 from ..errors import PayloadError
 from . import mysql_sql as sql
-from .mysql import ER_JSON_TOO_BIG, errno_of
 
 _ATTRIBUTE = "_outbox_lite_packet"
 #: Everything in an INSERT of an event besides its payload: the statement's text and its other
@@ -38,7 +36,6 @@ _ATTRIBUTE = "_outbox_lite_packet"
 #: byte, four instants, and headers of at most 8 KiB as JSON) take less than this.
 _OTHERS_BOUND = 40 * 1024
 _RENDERED_SEPARATORS = (", ", ": ")
-_LIMIT_RE = re.compile(r"max_allowed_packet \((\d+)\)")
 
 
 class PacketLimit(NamedTuple):
@@ -49,13 +46,14 @@ class PacketLimit(NamedTuple):
     renders_json: bool
 
 
-def packet_limit(database: pw.Database) -> PacketLimit:
-    """The limit of the calling thread's connection to ``database``, read at its first use."""
+def packet_limit(database: pw.Database, execute: Any) -> PacketLimit:
+    """The limit of the calling thread's connection to ``database``, read at its first use
+    (``execute(statement, params)`` runs the read)."""
     if not database.is_closed():
         cached = getattr(database.connection(), _ATTRIBUTE, None)
         if cached is not None:
             return cached  # type: ignore[no-any-return]
-    size, version = execute(database, sql.PACKET, ()).fetchone()
+    size, version = execute(sql.PACKET, ()).fetchone()
     limit = PacketLimit(int(size), "mariadb" not in str(version).lower())
     setattr(database.connection(), _ATTRIBUTE, limit)
     return limit
@@ -95,16 +93,3 @@ def check_insert(limit: PacketLimit, statement: str, payload: Any, body: str,
             f"bytes of text: more than the server's max_allowed_packet ({packet} bytes), so "
             "it could be stored but never read back; send a smaller payload, or raise "
             "max_allowed_packet on the server")
-
-
-def refused(exc: BaseException) -> PayloadError | None:
-    """The PayloadError for an INSERT that MySQL refused because the payload's binary JSON
-    is longer than ``max_allowed_packet`` (1301), else None. MySQL undid that statement
-    alone: the caller's transaction goes on."""
-    if errno_of(exc) != ER_JSON_TOO_BIG:
-        return None
-    limit = _LIMIT_RE.search(str(getattr(exc, "orig", exc)))
-    return PayloadError(
-        "the server refused the payload: its binary JSON form is larger than the server's "
-        f"max_allowed_packet ({limit[1] + ' bytes' if limit else 'see the server'}); send a "
-        "smaller payload, or raise max_allowed_packet on the server")

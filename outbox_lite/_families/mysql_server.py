@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from . import LockCounters
+from .contract import LockCounters
 
 #: The tabular EXPLAIN on both servers.
 EXPLAIN = "EXPLAIN FORMAT=TRADITIONAL"

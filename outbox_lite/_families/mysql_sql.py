@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from . import Pages, Statement
+from .contract import Pages, Statement
 
 # The states, as the statements below spell them: pending, processing, published, failed.
 

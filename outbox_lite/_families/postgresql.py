@@ -24,8 +24,8 @@ from typing import Any, Callable, Sequence
 import peewee as pw
 
 from ..errors import DuplicateEventError, InvalidEventError, LockConflictError
-from . import Column, Family, LockCounters
 from . import postgresql_sql as sql
+from .contract import Column, Family, LockCounters
 from .url import DatabaseUrl, DatabaseUrlError, text_option
 
 # ---------------------------------------------------------------------------
@@ -680,3 +680,4 @@ def default_database_class(driver: str) -> Any:
 
 
 PostgreSQLFamily.url_class = PostgresUrl
+PostgresUrl.family = FAMILY

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 
-from . import Pages, Statement
+from .contract import Pages, Statement
 
 
 def _locked_in_id_order(where: str) -> str:

@@ -79,12 +79,20 @@ class DatabaseUrl:
     secret_options: ClassVar[frozenset[str]] = frozenset()
     file_options: ClassVar[tuple[str, ...]] = ()
 
+    #: The family of this URL's server (:mod:`outbox_lite._families`), set by each family's
+    #: module on its subclass.
+    family: ClassVar[Any] = None
+    #: Each family's subclass by the URL schemes it reads (``mysql``, ``postgresql`` …): the
+    #: table of families (:mod:`outbox_lite._families`) fills it, this grammar never names one.
+    kinds: ClassVar[dict[str, type["DatabaseUrl"]]] = {}
+    #: The scheme of a URL made directly from its parts, as every URL was before the families.
+    DEFAULT_SCHEME: ClassVar[str] = "mysql"
+
     def __new__(cls, *args: Any, **kwargs: Any) -> "DatabaseUrl":
         """``DatabaseUrl(host, port, …)`` made directly, with no scheme, is a ``mysql://``
         one, as every URL was before the families (a subclass is made as itself)."""
         if cls is DatabaseUrl:
-            from .mysql import MySQLUrl
-            cls = MySQLUrl
+            cls = DatabaseUrl.kinds[DatabaseUrl.DEFAULT_SCHEME]
         return super().__new__(cls)
 
     @classmethod
@@ -93,13 +101,11 @@ class DatabaseUrl:
 
         Raises DatabaseUrlError, whose message quotes no part of ``url``.
         """
-        from . import family_for_scheme, url_form
         scheme, sep, rest = url.partition("://")
-        family = family_for_scheme(scheme) if sep else None
-        if family is None:
+        kind = DatabaseUrl.kinds.get(scheme.lower()) if sep else None
+        if kind is None:
             shown = f" {scheme!r}" if sep and OPTION_NAME_RE.fullmatch(scheme) else ""
             raise DatabaseUrlError(f"unsupported URL scheme{shown}; {url_form()}")
-        kind: type[DatabaseUrl] = family.url_class
         return kind._parse(rest)
 
     @classmethod
@@ -201,12 +207,6 @@ class DatabaseUrl:
         return [name for name in self.file_options
                 if name in options and not os.access(options[name], os.R_OK)]
 
-    @property
-    def family(self) -> Any:
-        """The family of this URL's server (:mod:`outbox_lite._families`)."""
-        from . import family_for_scheme
-        return family_for_scheme(self.scheme)
-
     # -- what each family's subclass provides ------------------------------------------------
 
     def database(self, database_class: Any = None, **kwargs: Any) -> Any:
@@ -269,6 +269,12 @@ class DatabaseUrl:
             conn.cursor().execute(self.DROP_SQL.format(name=self.name))
         finally:
             conn.close()
+
+
+def url_form() -> str:
+    """What a database URL looks like, for an error about one."""
+    forms = dict.fromkeys(kind.form for kind in DatabaseUrl.kinds.values())
+    return " or ".join(forms)
 
 
 def _decode(part: str, what: str, form: str) -> str:

@@ -16,7 +16,8 @@ import peewee as pw
 from .. import migrate as schema
 from .._clock import server_clock
 from .._db import DatabaseUrl, execute
-from .._families import LockCounters, family_of
+from .._families import family_of
+from .._families.contract import LockCounters
 from ..backoff import Backoff
 from ..errors import LockConflictError
 from ..repository import OutboxRepository
