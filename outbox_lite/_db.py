@@ -1,7 +1,7 @@
 """The one rule for a connection that broke (:func:`lost_connection`, :func:`reconnect`), and
 :func:`execute`, which runs one statement of the library under those rules. What an error of
 the driver means is the family's to say (:mod:`outbox_lite._families`); the URLs are the
-families' too (``DatabaseUrl`` is re-exported here under its old name).
+families' too (:mod:`outbox_lite._families.url`).
 
 :func:`tls_failure` says in one line why a connection's TLS failed (a certificate the client
 would not trust, a server without TLS).
@@ -17,12 +17,10 @@ import peewee as pw
 
 from . import _session
 from ._families import connection_trouble, family_of, tls_refused
-from ._families.url import DatabaseExistsError, DatabaseUrl, DatabaseUrlError
 from .errors import ConnectionLostError, OutboxError, SchemaError
 
-__all__ = ["CONNECTION_ERRORS", "DEFAULT_URL", "DatabaseExistsError", "DatabaseUrl",
-           "DatabaseUrlError", "execute", "is_connection_error", "lost_connection",
-           "reconnect", "tls_failure"]
+__all__ = ["CONNECTION_ERRORS", "DEFAULT_URL", "execute", "is_connection_error",
+           "lost_connection", "reconnect", "tls_failure"]
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ import os
 from typing import Any, Iterator
 
 from outbox_lite import migrate as schema
-from outbox_lite._db import DEFAULT_URL, DatabaseUrl
+from outbox_lite._db import DEFAULT_URL
+from outbox_lite._families.url import DatabaseUrl
 
 
 def add_database_option(parser: argparse.ArgumentParser, suffix: str) -> None:

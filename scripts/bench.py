@@ -62,7 +62,8 @@ import pymysql  # noqa: E402
 
 from outbox_lite import OutboxRepository  # noqa: E402
 from outbox_lite import migrate as schema  # noqa: E402
-from outbox_lite._db import DEFAULT_URL, DatabaseUrl  # noqa: E402
+from outbox_lite._db import DEFAULT_URL  # noqa: E402
+from outbox_lite._families.url import DatabaseUrl  # noqa: E402
 from outbox_lite.models import COLUMNS  # noqa: E402
 
 import bench_raw_pg  # noqa: E402  (beside this script: the raw baseline on PostgreSQL)
@@ -607,7 +608,7 @@ def _cell(value: float, width: int, digits: int) -> str:
 
 
 def _server_name(base: DatabaseUrl) -> str:
-    from outbox_lite._server import server_of
+    from outbox_lite._families.mysql_server import server_of
 
     conn = base.server_connection()
     try:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a c
 
 import bench  # noqa: E402  (beside this script)
 from outbox_lite import repository  # noqa: E402
-from outbox_lite._db import DatabaseUrl  # noqa: E402
+from outbox_lite._families.url import DatabaseUrl  # noqa: E402
 from outbox_lite.models import aware  # noqa: E402
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/outbox_lite_test"

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a c
 import pymysql  # noqa: E402
 
 from outbox_lite import Inbox  # noqa: E402
-from outbox_lite._db import DatabaseUrl  # noqa: E402
-from outbox_lite._server import peewee_query, server_of  # noqa: E402
+from outbox_lite._families.mysql_server import peewee_query, server_of  # noqa: E402
+from outbox_lite._families.url import DatabaseUrl  # noqa: E402
 
 from _scratch import add_database_option, scratch_database  # noqa: E402  (beside this script)
 

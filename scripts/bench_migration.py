@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pymysql  # noqa: E402
 
 from outbox_lite import migrate as schema  # noqa: E402
-from outbox_lite._db import DatabaseUrl  # noqa: E402
+from outbox_lite._families.url import DatabaseUrl  # noqa: E402
 
 DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite", "mysql://root@127.0.0.1:3308/outbox_lite"]
 INSERT = ("INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key,"

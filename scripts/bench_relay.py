@@ -183,7 +183,7 @@ def _poll_relay_main(database_url: str, redis_url: str, queue: str) -> None:
 
     sys.path.insert(0, str(ROOT))
     from outbox_lite import OutboxRepository
-    from outbox_lite._db import DatabaseUrl
+    from outbox_lite._families.url import DatabaseUrl
     from outbox_lite.publishers.bullmq import BullMQPublisher
     from outbox_lite.relay import Relay
 
@@ -669,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def server_name(base: Any) -> str:
     """The server's kind and version, and where it listens."""
-    from outbox_lite._server import server_of
+    from outbox_lite._families.mysql_server import server_of
 
     conn = base.server_connection()
     try:

@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 
 from bench_write import DEFAULT_URLS, JOB_INSERT, PAYLOAD, Raw, _prepare, _server_name  # noqa: E402
 from outbox_lite import OutboxRepository, tracing  # noqa: E402
-from outbox_lite._db import DatabaseUrl  # noqa: E402
+from outbox_lite._families.url import DatabaseUrl  # noqa: E402
 
 _OTEL = tracing._otel()  # the modules, loaded once
 

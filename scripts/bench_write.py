@@ -63,8 +63,8 @@ import pymysql  # noqa: E402
 
 from outbox_lite import OutboxRepository  # noqa: E402
 from outbox_lite import migrate as schema  # noqa: E402
-from outbox_lite._db import DatabaseUrl  # noqa: E402
-from outbox_lite._server import server_of  # noqa: E402
+from outbox_lite._families.mysql_server import server_of  # noqa: E402
+from outbox_lite._families.url import DatabaseUrl  # noqa: E402
 
 import bench_raw_pg  # noqa: E402  (beside this script: the raw baseline on PostgreSQL)
 from bench import EVENT_INSERT, PAYLOAD  # noqa: E402  (beside this script: the same baseline)

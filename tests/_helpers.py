@@ -24,8 +24,8 @@ import peewee as pw
 from playhouse.pool import PooledMySQLDatabase
 
 from outbox_lite import OutboxRepository
-from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
-from outbox_lite._db import DatabaseUrl
+from outbox_lite._families.mysql import MySQLDatabase as QuietMySQLDatabase
+from outbox_lite._families.url import DatabaseUrl
 
 
 class OracleDatabase(pw.Database):
@@ -174,7 +174,7 @@ class MySQLFamily:
     @staticmethod
     def deadlocks(fetch: Callable[..., list[dict[str, Any]]]) -> int:
         """The server's deadlock count since it started (InnoDB's counter, all sessions)."""
-        from outbox_lite._server import server_of
+        from outbox_lite._families.mysql_server import server_of
         query = lambda sql: [tuple(row.values()) for row in fetch(sql)]  # noqa: E731
         return int(server_of(query).lock_counters(query).deadlocks)
 
@@ -275,7 +275,7 @@ class MySQLFamily:
     @staticmethod
     def server(query: Callable[[str], Any]) -> Any:
         """The server behind ``query(sql) -> rows``: what differs between MariaDB and MySQL."""
-        from outbox_lite._server import server_of
+        from outbox_lite._families.mysql_server import server_of
         return server_of(query)
 
 
@@ -572,7 +572,7 @@ FAMILY: Any = _FAMILIES[_SCHEME]
 
 class QuietPooledMySQLDatabase(PooledMySQLDatabase, QuietMySQLDatabase):
     """PooledMySQLDatabase connecting with PyMySQL's database= keyword, as the library's own
-    databases do (outbox_lite/_compat.py): Peewee 3's db= would be a DeprecationWarning, which
+    databases do (outbox_lite/_families/mysql.py): Peewee 3's db= would be a DeprecationWarning, which
     fails the run. How it pools and reconnects is Peewee's, unchanged."""
 
 

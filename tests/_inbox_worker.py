@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from outbox_lite import Inbox, LockConflictError
-from outbox_lite._db import DatabaseUrl
+from outbox_lite._families.url import DatabaseUrl
 
 #: BullMQ's stalled-job checker, made quick: a job whose lock (held for lockDuration, renewed
 #: every lockRenewTime by a live worker) is gone at the second of two checks stalledInterval

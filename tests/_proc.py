@@ -6,7 +6,7 @@ import signal
 from typing import Any
 
 from outbox_lite import DuplicateEventError, OutboxRepository
-from outbox_lite._db import DatabaseUrl
+from outbox_lite._families.url import DatabaseUrl
 
 
 def claim_then_hang(url: str, name: str, limit: int, ready: Any) -> None:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from outbox_lite._db import DatabaseUrl
+from outbox_lite._families.url import DatabaseUrl
 
 from _helpers import FAMILY, TEST_URL
 

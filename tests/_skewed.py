@@ -133,7 +133,7 @@ class _Child:
 
     def use(self, url: str, backoff: Mapping[str, float]) -> None:
         from outbox_lite import Backoff, Inbox, OutboxRepository
-        from outbox_lite._db import DatabaseUrl
+        from outbox_lite._families.url import DatabaseUrl
 
         if self.database is not None and not self.database.is_closed():
             self.database.close()

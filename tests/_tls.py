@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from outbox_lite._db import DatabaseUrl
+from outbox_lite._families.url import DatabaseUrl
 
 from _redis import free_port
 

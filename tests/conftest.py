@@ -19,7 +19,7 @@ import redis
 
 from outbox_lite import Backoff, OutboxRepository
 from outbox_lite import migrate as schema
-from outbox_lite._db import DatabaseUrl
+from outbox_lite._families.url import DatabaseUrl
 
 from _brokers import Exchange, NATSServer, RabbitMQNode, Stream, new_exchange, new_stream
 from _helpers import FAMILY, TEST_URL, FakeClock, rows_of
@@ -42,8 +42,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def server() -> Any:
     """The test server, as ``SELECT VERSION()`` describes it: a test that must know whether it
-    talks to MariaDB, MySQL or PostgreSQL asks this (outbox_lite._server says what differs
-    between MariaDB and MySQL; ``FAMILY.name`` the family)."""
+    talks to MariaDB, MySQL or PostgreSQL asks this (outbox_lite._families.mysql_server says
+    what differs between MariaDB and MySQL; ``FAMILY.name`` the family)."""
     conn = TEST_URL.server_connection()  # a DB-API connection of the family's driver
     try:
         cur = conn.cursor()

@@ -33,7 +33,7 @@ import pytest
 
 from outbox_lite import OutboxRepository
 from outbox_lite import migrate as schema
-from outbox_lite._db import DatabaseUrl
+from outbox_lite._families.url import DatabaseUrl
 from outbox_lite.cli import main
 from outbox_lite.relay import Relay
 

@@ -24,7 +24,7 @@ import pytest
 
 from outbox_lite import OutboxRepository
 from outbox_lite import migrate as schema
-from outbox_lite._compat import MySQLDatabase as QuietMySQLDatabase
+from outbox_lite._families.mysql import MySQLDatabase as QuietMySQLDatabase
 
 from _helpers import FAMILY, capture_sql, driver_of
 

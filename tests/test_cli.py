@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from outbox_lite import migrate as schema
-from outbox_lite._db import DatabaseUrl, DatabaseUrlError
+from outbox_lite._families.url import DatabaseUrl, DatabaseUrlError
 from outbox_lite.cli import main
 
 from _helpers import (FAMILY, TEST_URL, as_admin, create_login, drop_login, grant, rows_of,

@@ -178,7 +178,7 @@ def test_a_broken_repository_breaks_the_invariants(suite_url, broken, scenario, 
 def test_a_claim_that_breaks_aggregate_order_breaks_the_ordered_scenario(
         suite_url, monkeypatch, newest_first):
     if newest_first:  # one event per aggregate, but its newest unpublished one
-        # The statements of the server's family (outbox_lite._sql is MySQL's).
+        # The statements of the server's family (outbox_lite._families.mysql_sql is MySQL's).
         sql = importlib.import_module(f"outbox_lite._families.{FAMILY.name}_sql")
         monkeypatch.setattr(sql, "HEADS", sql.HEADS.replace("o.id LIMIT 1", "o.id DESC LIMIT 1"))
         broken, expected = OutboxRepository, [
@@ -223,7 +223,7 @@ def _tables(url):
 
 
 def test_an_existing_database_is_refused_and_left_alone(suite_url):
-    from outbox_lite._db import DatabaseExistsError
+    from outbox_lite._families.url import DatabaseExistsError
     suite_url.create_database()
     suite_url.database().execute_sql("CREATE TABLE precious (id INT PRIMARY KEY)")
     with pytest.raises(DatabaseExistsError, match=suite_url.name):

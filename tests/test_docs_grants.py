@@ -16,7 +16,7 @@ import peewee
 import pytest
 
 from outbox_lite import Inbox, OutboxRepository
-from outbox_lite._db import DatabaseUrl
+from outbox_lite._families.url import DatabaseUrl
 
 from _docs import block
 from _helpers import FAMILY, TEST_URL, as_admin, create_login, drop_login

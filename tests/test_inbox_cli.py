@@ -11,7 +11,7 @@ import pytest
 
 from outbox_lite import Inbox
 from outbox_lite import migrate as schema
-from outbox_lite._db import DatabaseUrl
+from outbox_lite._families.url import DatabaseUrl
 from outbox_lite.cli import main
 
 from _helpers import FAMILY, create_login, drop_login, grant

@@ -4,7 +4,7 @@ whose TLS fails says why, in one line, without a password.
 
 The account is what a service gets from ``CREATE USER … IDENTIFIED BY`` with the server's
 default plugin: caching_sha2_password on MySQL, mysql_native_password on MariaDB
-(``outbox_lite._server``). On MySQL a login without TLS is answered from the server's cache
+(``outbox_lite._families.mysql_server``). On MySQL a login without TLS is answered from the server's cache
 only when a full authentication filled it; ``FLUSH PRIVILEGES`` empties it (cold), and then the
 password must go RSA-encrypted: PyMySQL needs its ``rsa`` extra (cryptography) for that.
 On PostgreSQL it is ``CREATE ROLE … LOGIN PASSWORD``, stored as scram-sha-256, on a server of
@@ -28,8 +28,8 @@ import pytest
 
 from outbox_lite import ConnectionLostError, OutboxRepository
 from outbox_lite import migrate as schema
-from outbox_lite._db import DatabaseUrl
-from outbox_lite._server import server_of
+from outbox_lite._families.mysql_server import server_of
+from outbox_lite._families.url import DatabaseUrl
 from outbox_lite.relay import Relay
 
 from _helpers import FAMILY, TEST_URL, QuietMySQLDatabase, rows_of, seed

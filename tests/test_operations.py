@@ -177,7 +177,7 @@ def runtime_user(db_url, fetch):
 def test_writer_and_worker_flows_run_with_only_dml_grants(db, db_url, runtime_user, fetch,
                                                           clock):
     user, password = runtime_user
-    from outbox_lite._db import DatabaseUrl
+    from outbox_lite._families.url import DatabaseUrl
     url = DatabaseUrl.parse(_url_text(db_url, user, password))
     database = url.database()
     repo = OutboxRepository(database, clock=clock)
@@ -290,7 +290,7 @@ def test_cli_refuses_wrong_credentials_without_echoing_them(db_url):
 
 def test_the_documented_migration_grants_are_enough(fetch):
     from outbox_lite import migrate as schema
-    from outbox_lite._db import DatabaseUrl
+    from outbox_lite._families.url import DatabaseUrl
     from _helpers import TEST_URL
     user, password = f"ol_mig_{os.getpid()}", "mig-Pass-123"
     target = TEST_URL.with_name(f"{TEST_URL.name}_grants_{os.getpid()}")

@@ -30,9 +30,9 @@ import peewee as pw
 import pytest
 
 from outbox_lite import OutboxRepository, PayloadError
-from outbox_lite import _sql as sql
+from outbox_lite._families import mysql_sql as sql
 from outbox_lite import migrate as schema
-from outbox_lite._db import DatabaseUrl
+from outbox_lite._families.url import DatabaseUrl
 from outbox_lite.payload import DEFAULT_MAX_PAYLOAD_BYTES
 
 from _helpers import FAMILY, TEST_URL, capture_sql, committed, sqlstate_or_errno

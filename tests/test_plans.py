@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from outbox_lite._server import EXPLAIN
+from outbox_lite._families.mysql_server import EXPLAIN
 
 from _helpers import FAMILY, capture_sql, seed
 
@@ -246,7 +246,7 @@ def test_an_ordered_claim_reads_as_many_entries_as_it_needs_and_one_head_per_agg
         heads["now"] = clock().replace(tzinfo=None)
         assert _pg_reads(db, pg_sql.HEADS, heads) == (1, 2000, 1)  # one head read, not 2,000
         return
-    from outbox_lite import _sql
+    from outbox_lite._families import mysql_sql as _sql
 
     seed(repo, 2000)  # 2,000 aggregates of one event each
     clock.advance(seconds=1)

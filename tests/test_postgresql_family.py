@@ -19,7 +19,7 @@ import pytest
 from outbox_lite import (ConnectionLostError, DuplicateEventError, Inbox, LockConflictError,
                          OutboxRepository)
 from outbox_lite import migrate as schema
-from outbox_lite._db import DatabaseUrl, DatabaseUrlError
+from outbox_lite._families.url import DatabaseUrl, DatabaseUrlError
 from outbox_lite.cli import main as cli_main
 
 PG_URL = DatabaseUrl.parse(os.environ.get(

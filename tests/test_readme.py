@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from outbox_lite._db import DEFAULT_URL, DatabaseUrl
+from outbox_lite._db import DEFAULT_URL
+from outbox_lite._families.url import DatabaseUrl
 
 from _docs import CONNECT, ROOT, URLS, block as docs_block, connect, family_blocks
 from _helpers import FAMILY

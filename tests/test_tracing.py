@@ -130,7 +130,7 @@ def test_without_the_extra_nothing_is_imported(db_url):
         sys.modules["opentelemetry"] = None  # as if the [otel] extra were not installed
         from outbox_lite import OutboxRepository, tracing
         from outbox_lite.relay import Relay
-        from outbox_lite._db import DatabaseUrl
+        from outbox_lite._families.url import DatabaseUrl
         db = DatabaseUrl.parse({db_url.secret_text()!r}).database()
         repo = OutboxRepository(db)
         with db.atomic():

@@ -1,5 +1,5 @@
 """MariaDB and MySQL: what differs between the two servers of the MySQL family, and why, in this
-one place (importable as ``outbox_lite._server``, its old name).
+one place.
 
 outbox_lite runs the same SQL on both wherever it can; where the servers differ, the rooms
 that care (the contention suite, the tests, the docs) ask :func:`server_of` and read the
@@ -13,7 +13,7 @@ What is *not* a difference, checked on MariaDB 10.11 and MySQL 9.7:
   ``Innodb_deadlocks`` does not exist on MySQL.
 * ``EXPLAIN FORMAT=TRADITIONAL`` answers in the tabular form on both (MySQL 9.7 answers
   ``EXPLAIN`` alone in its tree format).
-* An aggregate's head (``_sql.HEADS``) is one index read on both when its ``ORDER BY`` names
+* An aggregate's head (``mysql_sql.HEADS``) is one index read on both when its ``ORDER BY`` names
   the aggregate index's leading columns (``ORDER BY o.id`` alone makes MySQL sort all the
   aggregate's unpublished entries). A head test per event, as a dependent subquery, would be
   cheap on MariaDB only, which caches a subquery's result per outer value; the ordered claim

@@ -1,5 +1,5 @@
 """Every statement the library runs on MySQL and MariaDB, whole and named, with the locking rule
-each one follows (also importable as ``outbox_lite._sql``, its old name).
+each one follows.
 
 * Rows change by primary key only (``FORCE INDEX (PRIMARY)``), as compare-and-set
   ``UPDATE … WHERE id … AND status = … [AND locked_by = …]``: a point lookup on the primary key

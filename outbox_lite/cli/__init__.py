@@ -25,8 +25,9 @@ from typing import Any, Callable, NoReturn, Sequence
 import peewee as pw
 
 from .. import __version__, _signals
-from .._db import DatabaseExistsError, DatabaseUrl, DatabaseUrlError, tls_failure
+from .._db import tls_failure
 from .._families import driver_errors
+from .._families.url import DatabaseExistsError, DatabaseUrl, DatabaseUrlError
 from ..errors import OutboxError
 from ..models import HISTORY_TABLE
 from ..payload import redact

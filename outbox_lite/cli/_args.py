@@ -19,7 +19,8 @@ from typing import Any, Iterator, NamedTuple
 import peewee as pw
 
 from .. import _checks, _schema
-from .._db import DEFAULT_URL, DatabaseUrl
+from .._db import DEFAULT_URL
+from .._families.url import DatabaseUrl
 from ..errors import OutboxError
 from ..models import TABLE_NAME
 from ..repository import OutboxRepository

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from .._db import DatabaseUrl
+from .._families.url import DatabaseUrl
 from ..payload import redact
 from ..repository import OutboxRepository
 from ._args import (EXIT_OK, Age, UsageError, add_age_flags, add_database_flag,

@@ -8,7 +8,7 @@ from typing import Any
 import peewee as pw
 
 from .. import _checks
-from .._db import DatabaseUrl
+from .._families.url import DatabaseUrl
 from ..errors import OutboxError
 from ._args import (EXIT_OK, Age, CommandError, add_age_flags, add_database_flag,
                     open_database, parse_positive, plural, say_purged)

@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, NamedTuple
 
 from .. import _signals
-from .._db import DatabaseUrl
+from .._families.url import DatabaseUrl
 from ._args import (EXIT_OK, CommandError, UsageError, add_database_flag, open_repository,
                     parse_port, parse_positive, parse_seconds)
 

@@ -15,9 +15,10 @@ import peewee as pw
 
 from .. import migrate as schema
 from .._clock import server_clock
-from .._db import DatabaseUrl, execute
+from .._db import execute
 from .._families import family_of
 from .._families.contract import LockCounters
+from .._families.url import DatabaseUrl
 from ..backoff import Backoff
 from ..errors import LockConflictError
 from ..repository import OutboxRepository
