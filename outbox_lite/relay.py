@@ -46,7 +46,7 @@ from ._session import claim_transaction
 from ._signals import interruption
 from .errors import InvalidEventError, LockConflictError, OutboxError
 from .models import MAX_ERROR_CODE_LENGTH, OutboxEvent
-from .payload import redact
+from ._credentials import redact
 from .repository import OutboxRepository, OutboxStats
 
 logger = logging.getLogger(__name__)

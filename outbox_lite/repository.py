@@ -22,6 +22,7 @@ import peewee as pw
 
 from . import _checks, _schema, _session, tracing as _tracing, wake as _wake
 from ._clock import server_clock
+from ._credentials import redact
 from ._db import execute
 from ._families import family_of
 from ._families.contract import Statement
@@ -42,8 +43,7 @@ from .models import (
     aware,
     bind_model,
 )
-from .payload import (DEFAULT_MAX_PAYLOAD_BYTES, check_headers, encode_headers, encode_payload,
-                      redact)
+from .payload import DEFAULT_MAX_PAYLOAD_BYTES, check_headers, encode_headers, encode_payload
 
 logger = logging.getLogger(__name__)
 

@@ -307,7 +307,7 @@ class _Outage:
 
 
 def _safe(exc: BaseException) -> str:
-    from .payload import redact
+    from ._credentials import redact
     return redact(f"{type(exc).__name__}: {exc}")
 
 

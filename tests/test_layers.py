@@ -22,7 +22,8 @@ PICTURE = ROOT / "docs" / "development.md"
 #: The layers, from the ground up; a name is a module's path in the package without ``.py``,
 #: a folder with ``/`` stands for every module in it, ``__init__`` is the package's face.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "ground": ("errors", "models", "backoff", "payload", "_signals", "_version"),
+    "ground": ("errors", "models", "backoff", "payload", "_credentials", "_signals",
+               "_version"),
     "contract": ("_families/contract", "_families/url"),
     "families": ("_families/mysql", "_families/mysql_sql", "_families/mysql_server",
                  "_families/mysql_packet", "_families/postgresql",

@@ -30,7 +30,7 @@ from .._families import driver_errors
 from .._families.url import DatabaseExistsError, DatabaseUrl, DatabaseUrlError
 from ..errors import OutboxError
 from ..models import HISTORY_TABLE
-from ..payload import redact
+from .._credentials import redact
 from . import events, inbox, relay
 from ._args import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, add_database_flag,
                     SuggestingParser, database_url, naming_the_database, open_database,

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from .._families.url import DatabaseUrl
-from ..payload import redact
+from .._credentials import redact
 from ..repository import OutboxRepository
 from ._args import (EXIT_OK, Age, UsageError, add_age_flags, add_database_flag,
                     open_repository, parse_event_id, parse_positive, parse_seconds, plural,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..payload import redact
+from .._credentials import redact
 
 
 def password_of(url: Any) -> str:
