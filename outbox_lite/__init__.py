@@ -1,6 +1,6 @@
 """outbox_lite: a Transactional Outbox on Peewee and MySQL/MariaDB."""
 
-from ._db import CONNECTION_ERRORS, reconnect
+from ._db import CONNECTION_ERRORS, is_retryable, reconnect
 from .backoff import Backoff
 from .errors import (
     ConnectionLostError,
@@ -36,6 +36,7 @@ __all__ = [
     "PayloadError",
     "SchemaError",
     "TransactionRequiredError",
+    "is_retryable",
     "reconnect",
 ]
 __version__ = "0.1.0"

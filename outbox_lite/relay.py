@@ -112,6 +112,9 @@ class RoundResult:
     released: int = 0  # expired claims (of any worker) this round released
     publish_errors: int = 0  # 1 when the publisher raised: the whole batch failed
     expired: int = 0  # past their expires_at: dead letters, never published
+    #: transactions or statements the server rolled back for a conflict (a deadlock, a lock
+    #: wait, a COMMIT a cluster refused): retried, never an outcome of an event
+    lock_conflicts: int = 0
 
     def add(self, other: RoundResult) -> None:
         _accumulate(self, other)
@@ -370,7 +373,11 @@ class Relay:
                     reconnect_pause = self.reconnect_pause
                 except LockConflictError as exc:
                     _reraise_interrupt(exc)
-                    self.stats.lock_conflicts += 1  # the server rolled back: claim again
+                    # The server rolled the round's transaction back (a COMMIT a cluster
+                    # refused, too): its outcomes stay carried, and the claim is tried again.
+                    logger.debug("relay %s: a lock conflict (%s); claiming again",
+                                 self.worker_id, exc)
+                    self._count(RoundResult(lock_conflicts=1))
                     self._progress(waiting=self.idle_pause)
                     stop.wait(self.idle_pause)
                 except CONNECTION_ERRORS as exc:
@@ -461,11 +468,17 @@ class Relay:
         # Until the COMMIT is seen to return, what it did is unknown: a lost connection (or
         # an interrupt) in between leaves the next round to read what this relay holds.
         self._doubt_since = claimed_since
-        with claim_transaction(self._database):  # never SERIALIZABLE (see _session)
-            if carried is not None:
-                self._record_steps(carried.copy(), recorded, published)
-            batch = adopted or self.repository.claim_batch(
-                self.worker_id, limit=self.batch_size, ordered=self.ordered)
+        try:
+            with claim_transaction(self._database):  # never SERIALIZABLE (see _session)
+                if carried is not None:
+                    self._record_steps(carried.copy(), recorded, published)
+                batch = adopted or self.repository.claim_batch(
+                    self.worker_id, limit=self.batch_size, ordered=self.ordered)
+        except LockConflictError:
+            # Rolled back, COMMIT refused or not: nothing of it happened, so there is nothing
+            # to read back, but for a batch adopted from an earlier doubt (held, unpublished).
+            self._doubt_since = claimed_since if adopted else None
+            raise
         self._doubt_since = None
         self.stats.claim_seconds += time.monotonic() - started
         self._count(recorded, published)  # committed: now it happened
@@ -593,7 +606,7 @@ class Relay:
                 # Someone else's lock (an operator's SELECT ... FOR UPDATE, say): wait, but
                 # never past the claims' expiry, as for a lost connection.
                 _reraise_interrupt(exc)
-                self.stats.lock_conflicts += 1
+                self._count(RoundResult(lock_conflicts=1))  # now: a wait may follow
                 if time.monotonic() + pause > outcomes.give_up_at:
                     self._give_up(outcomes, counts, "a lock conflict")
                     break
