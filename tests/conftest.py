@@ -23,6 +23,7 @@ from outbox_lite._db import DatabaseUrl
 
 from _brokers import Exchange, NATSServer, RabbitMQNode, Stream, new_exchange, new_stream
 from _helpers import FAMILY, TEST_URL, FakeClock, rows_of
+from _proxy import Proxy
 from _redis import SHARED_REDIS, RedisServer, delete_queue
 
 _counter = itertools.count()
@@ -270,3 +271,12 @@ def nats_server(tmp_path: Any) -> Iterator[Callable[..., NATSServer]]:
     finally:
         for server in servers:
             server.stop()
+
+
+@pytest.fixture
+def proxy(db_url):
+    """A :class:`_proxy.Proxy` to the test server: a connection through it (``port=proxy.port``
+    and ``FAMILY.PLAIN_TEXT``) can lose a statement's answer or have its COMMIT refused."""
+    forwarder = Proxy(db_url.host, db_url.port, FAMILY.name)
+    yield forwarder
+    forwarder.close()

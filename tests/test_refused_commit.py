@@ -36,7 +36,6 @@ from outbox_lite.metrics import RelayMetrics
 from outbox_lite.relay import Relay
 
 from _helpers import FAMILY, seed
-from _proxy import Proxy
 from test_connections import readme_block
 
 #: What each family's servers send for a COMMIT they refuse: (code, SQLSTATE, message).
@@ -77,13 +76,6 @@ class Broker:
 
     def close(self):
         pass
-
-
-@pytest.fixture
-def proxy(db_url):
-    forwarder = Proxy(db_url.host, db_url.port, FAMILY.name)
-    yield forwarder
-    forwarder.close()
 
 
 @pytest.fixture
