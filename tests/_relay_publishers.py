@@ -142,7 +142,7 @@ def _inside_stop_waits(action: Any) -> None:
                     caller.f_code is Doorbell.wait.__code__
                     or caller.f_code is threading.Event.wait.__code__
                     and caller.f_back is not None
-                    and caller.f_back.f_code is Relay.run.__code__)):
+                    and caller.f_back.f_code in (Relay.run.__code__, Relay._survive.__code__))):
             assert frame.f_locals["self"]._lock.locked()  # held by this thread
             if action() is False:
                 sys.settrace(None)

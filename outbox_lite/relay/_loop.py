@@ -36,6 +36,9 @@ from ._record import Outcomes, Recording
 
 logger = logging.getLogger(__package__)
 
+#: What ends a round but never :meth:`Relay.run` (see :meth:`Relay._survive`).
+_SURVIVED: tuple[type[Exception], ...] = (LockConflictError, *CONNECTION_ERRORS)
+
 
 class Relay(Recording, Publishing, Interruption):
     """Runs the documented worker loop over ``repository`` for ``publisher``.
@@ -187,36 +190,11 @@ class Relay(Recording, Publishing, Interruption):
                         self._record(carried, result)  # before a possibly long wait
                         carried = None
                         self._wait_for_publisher(stop)
-                    if self.metrics is not None and time.monotonic() >= self._next_stats:
-                        self._read_stats()
-                    if result.claimed:
-                        idle.found_work()
-                    elif until_empty and self._empty():
+                    if self._rest(result, idle, stop, until_empty):
                         return
-                    else:
-                        started = time.monotonic()
-                        self._progress(waiting=idle.next_pause())
-                        idle.wait(stop)
-                        self.stats.idle_seconds += time.monotonic() - started
                     reconnect_pause = self.reconnect_pause
-                except LockConflictError as exc:
-                    reraise_interrupt(exc)
-                    # The server rolled the round's transaction back (a COMMIT a cluster
-                    # refused, too): its outcomes stay carried, and the claim is tried again.
-                    logger.debug("relay %s: a lock conflict (%s); claiming again",
-                                 self.worker_id, exc)
-                    self._count(RoundResult(lock_conflicts=1))
-                    self._progress(waiting=self.idle_pause)
-                    stop.wait(self.idle_pause)
-                except CONNECTION_ERRORS as exc:
-                    reraise_interrupt(exc)  # a rollback on the connection it broke
-                    if not is_connection_error(exc):
-                        raise
-                    logger.warning("relay %s lost the database connection (%s); reconnecting"
-                                   " in %.1f s", self.worker_id, redact(str(exc)),
-                                   reconnect_pause)
-                    reconnect_pause = self._pause(reconnect_pause, stop)
-                    self._reconnect()
+                except _SURVIVED as exc:
+                    reconnect_pause = self._survive(exc, reconnect_pause, stop)
                 self._progress()
                 if self.progress_every and time.monotonic() >= next_progress:
                     self.log_progress()
@@ -236,6 +214,46 @@ class Relay(Recording, Publishing, Interruption):
             finally:
                 self._running = False
                 stop_listening()
+
+    def _rest(self, result: RoundResult, idle: _wake.IdlePause, stop: threading.Event,
+              until_empty: bool) -> bool:
+        """After a round: read the outbox's stats when the metrics are due, then no pause when
+        work was found, else the idle wait (cut short by a wake-up or ``stop``). True when
+        ``until_empty`` and the outbox is empty: the run is over."""
+        if self.metrics is not None and time.monotonic() >= self._next_stats:
+            self._read_stats()
+        if result.claimed:
+            idle.found_work()
+        elif until_empty and self._empty():
+            return True
+        else:
+            started = time.monotonic()
+            self._progress(waiting=idle.next_pause())
+            idle.wait(stop)
+            self.stats.idle_seconds += time.monotonic() - started
+        return False
+
+    def _survive(self, exc: Exception, reconnect_pause: float, stop: threading.Event) -> float:
+        """A round ended by a lock conflict or a lost connection: count it, wait, reconnect
+        when the connection broke; returns the next reconnect pause. Anything else (a
+        KeyboardInterrupt that ``exc`` was raised while unwinding from, an OperationalError
+        that is no connection's) is raised."""
+        reraise_interrupt(exc)  # e.g. a rollback on the connection an interrupt broke
+        if isinstance(exc, LockConflictError):
+            # The server rolled the round's transaction back (a COMMIT a cluster refused,
+            # too): its outcomes stay carried, and the claim is tried again.
+            logger.debug("relay %s: a lock conflict (%s); claiming again", self.worker_id, exc)
+            self._count(RoundResult(lock_conflicts=1))
+            self._progress(waiting=self.idle_pause)
+            stop.wait(self.idle_pause)
+            return reconnect_pause
+        if not is_connection_error(exc):
+            raise exc
+        logger.warning("relay %s lost the database connection (%s); reconnecting in %.1f s",
+                       self.worker_id, redact(str(exc)), reconnect_pause)
+        reconnect_pause = self._pause(reconnect_pause, stop)
+        self._reconnect()
+        return reconnect_pause
 
     @property
     def running(self) -> bool:
