@@ -164,6 +164,29 @@ def test_a_claim_taken_over_during_the_publish_is_counted_lost_and_not_recorded(
         {"id": ids[1], "status": "pending", "locked_by": None}]
 
 
+def test_a_round_releases_expired_claims_and_counts_them(db, repo, fetch, clock, relay_of):
+    """SPEC §5: a round first releases the claims older than the lock timeout (by the
+    repository's clock, moved here), then claims them again; a younger claim is left alone."""
+    crashed = seed(repo, 2)
+    with db.atomic():
+        assert [e.id for e in repo.claim_batch("crashed", limit=2)] == crashed
+    clock.advance(seconds=50)
+    [alive] = seed(repo, 1, aggregate_id="alive")
+    assert repo.mark_processing(alive, "alive")
+    clock.advance(seconds=20)  # crashed's claims are 70 s old, alive's 20 s: timeout 60 s
+    broker = Broker()
+    relay = relay_of(repo, broker, lock_timeout=60, heartbeat=30)
+    result = relay.run_once()
+    assert (result.released, result.claimed, result.published) == (2, 2, 2)
+    assert relay.stats.released == 2 and broker.published == crashed
+    assert fetch("SELECT id, status, locked_by, attempt_count, last_error_code"
+                 " FROM outbox_event ORDER BY id") == [
+        *({"id": i, "status": "published", "locked_by": None, "attempt_count": 2,
+           "last_error_code": "lock_expired"} for i in crashed),
+        {"id": alive, "status": "processing", "locked_by": "alive", "attempt_count": 1,
+         "last_error_code": None}]
+
+
 def _wait_until(condition, timeout=10.0):
     deadline = time.monotonic() + timeout
     while not condition():
