@@ -121,3 +121,30 @@ def test_an_expired_event_never_reaches_rabbitmq_and_is_counted(repo, fetch, clo
                                      {"outcome": "expired"}) == 1.0
     assert registry.get_sample_value("outbox_relay_events_total",
                                      {"outcome": "dead"}) == 0.0
+
+
+def test_a_relay_whose_claim_was_taken_over_does_not_dead_letter_the_expired_event(
+        repo, fetch, clock):
+    """An expired event's dead letter is fenced as any outcome (mark_failed, not retryable):
+    a relay whose claims expired during the batch's publish, and whose expired event another
+    relay took over, records nothing of it."""
+    gone = new_event(repo, 0, expires_at=T0 + dt.timedelta(seconds=10))
+    sent = new_event(repo, 1)
+    clock.advance(seconds=20)
+
+    class TakenOver(Broker):
+        def publish(self, events):
+            clock.advance(minutes=10)  # the publish outlived the lock timeout
+            assert repo.release_expired_locks(60) == 2
+            assert repo.mark_processing(gone.id, "other")  # another relay took it over
+            return super().publish(events)
+
+    counts = _relay(repo, TakenOver(), lock_timeout=60, heartbeat=30).run_once()
+    assert (counts.claimed, counts.published, counts.expired, counts.dead, counts.lost) == (
+        2, 0, 0, 0, 2)
+    assert fetch("SELECT id, status, locked_by, last_error_code FROM outbox_event"
+                 " ORDER BY id") == [
+        {"id": gone.id, "status": "processing", "locked_by": "other",
+         "last_error_code": "lock_expired"},
+        {"id": sent.id, "status": "pending", "locked_by": None,
+         "last_error_code": "lock_expired"}]
