@@ -58,20 +58,6 @@ def _drain(relay, timeout=60.0):
     assert not stop.is_set(), f"the relay did not drain the outbox within {timeout} s"
 
 
-@pytest.fixture(params=[True, False], ids=["traced", "untraced"])
-def relay_of(request):
-    """``relay_of(repo, publisher, **options)``: a relay of this module's, with tracing on and
-    off. The test extra installs OpenTelemetry, so a relay left to its default takes the
-    traced path; a plain install's relay (``tracer`` None) publishes without it."""
-    def make(repo, publisher, **options):
-        options.setdefault("worker_id", "relay-1")
-        options.setdefault("progress_every", 0)
-        relay = Relay(repo, publisher, tracing=request.param, **options)
-        assert (relay.tracer is not None) is request.param
-        return relay
-    return make
-
-
 def test_a_round_publishes_a_batch_and_records_it_in_one_statement(
         db, repo, fetch, clock, relay_of):
     ids = seed(repo, 5)
