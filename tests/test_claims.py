@@ -217,12 +217,8 @@ def test_claim_batch_pages_past_a_window_of_held_events(db, clock, fetch):
 
 
 # SPEC §2 (find_dispatchable: oldest available_at first, then id) and claim_batch's docstring
-# promise it; every server hands out the lowest ids among the candidates it reads (limit times
-# claim_window, in available_at order): LOCK_CANDIDATES keeps the first `limit` by id. Reported
-# in issue 38 with a fix (lock no more candidates at once than still wanted); strict, so the
-# fix makes this fail until the mark goes.
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 38: claim_batch takes the lowest ids of its window")
+# promise it. Until issue 38 every server handed out the lowest ids among the candidates it read
+# (limit times claim_window, in available_at order): LOCK_CANDIDATES kept the first `limit` by id.
 @pytest.mark.parametrize("limit", [1, 3])
 def test_claim_batch_hands_out_the_oldest_available_at_first_whatever_the_ids(
         db, repo, fetch, clock, limit):
