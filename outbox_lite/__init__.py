@@ -1,6 +1,6 @@
 """outbox_lite: a Transactional Outbox on Peewee and MySQL/MariaDB."""
 
-from ._db import CONNECTION_ERRORS, reconnect
+from ._db import CONNECTION_ERRORS, is_retryable, reconnect
 from ._version import __version__
 from .backoff import Backoff
 from .errors import (
@@ -37,5 +37,6 @@ __all__ = [
     "PayloadError",
     "SchemaError",
     "TransactionRequiredError",
+    "is_retryable",
     "reconnect",
 ]

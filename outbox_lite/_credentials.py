@@ -1,5 +1,5 @@
-"""The credential guard: whether a key names a credential (:func:`key_kind`) and whether text
-holds one (:func:`credential_in_text`), and :func:`redact`, which masks in free text (stored
+"""The credential guard: whether a key names a credential (:func:`_key_kind`) and whether text
+holds one (:func:`_credential_in_text`), and :func:`redact`, which masks in free text (stored
 error messages, printed errors, URLs) the same credential shapes: one table of rules,
 :data:`_SHAPES`, serves both. The payload's and the headers' checks
 (:mod:`outbox_lite.payload`) refuse what this finds; this module imports nothing of ours.
@@ -26,36 +26,36 @@ _MASK = "***"
 # The same reading judges NAME=value and "name: value" in free text.
 
 # What a sensitive key refuses below it, as bits.
-STRINGS = 1  # a non-blank string
-NUMBERS = 2  # a number
-SUBTREE = 4  # every key below it is sensitive too (a map of secrets)
-NAMED_PAIR = 8  # (in the walk) this 2-list is a [name, value] pair of a list of pairs
-INHERIT = 16  # (a key of same-value words only: "new", "value") as sensitive as its parent
-STRONG = STRINGS | NUMBERS
+_STRINGS = 1  # a non-blank string
+_NUMBERS = 2  # a number
+_SUBTREE = 4  # every key below it is sensitive too (a map of secrets)
+_NAMED_PAIR = 8  # (in the walk) this 2-list is a [name, value] pair of a list of pairs
+_INHERIT = 16  # (a key of same-value words only: "new", "value") as sensitive as its parent
+_STRONG = _STRINGS | _NUMBERS
 
 _CREDENTIAL_WORDS = {
     **dict.fromkeys((
         "password", "passwd", "pwd", "passphrase", "secret", "token", "authorization",
         "cookie", "credential", "apikey", "privatekey", "secretkey", "accesskey", "sshkey",
-        "sessionid", "sessid", "bearer", "jwt", "dsn", "sig"), STRONG),
+        "sessionid", "sessid", "bearer", "jwt", "dsn", "sig"), _STRONG),
     # Plurals name collections of credentials: everything below them is refused.
     **dict.fromkeys((
         "passwords", "secrets", "credentials", "cookies", "apikeys", "privatekeys",
-        "secretkeys", "accesskeys"), STRONG | SUBTREE),
+        "secretkeys", "accesskeys"), _STRONG | _SUBTREE),
     # "pass" is also a ticket or a test count: strings only, and see _INNOCENT_BEFORE.
-    "pass": STRINGS,
+    "pass": _STRINGS,
 }
 _KEY_QUALIFIERS = frozenset({
     "api", "private", "secret", "access", "signing", "encryption", "master", "session", "ssh",
     "ssl", "tls", "hmac", "shared", "account", "deploy", "auth", "sas"})
 #: Last two words that name a credential together: {last word: {word before it: bits}}.
 _CREDENTIAL_PAIRS = {
-    "key": dict.fromkeys(_KEY_QUALIFIERS, STRONG),
-    "keys": dict.fromkeys(_KEY_QUALIFIERS, STRONG | SUBTREE),
-    "id": {"session": STRONG},
-    "header": {"auth": STRONG},
-    "string": {"connection": STRONG},
-    "str": {"conn": STRONG},
+    "key": dict.fromkeys(_KEY_QUALIFIERS, _STRONG),
+    "keys": dict.fromkeys(_KEY_QUALIFIERS, _STRONG | _SUBTREE),
+    "id": {"session": _STRONG},
+    "header": {"auth": _STRONG},
+    "string": {"connection": _STRONG},
+    "str": {"conn": _STRONG},
 }
 #: Words before a credential word that give it an innocent sense: a pagination or tokenizer
 #: token, a boarding or season pass.
@@ -88,7 +88,7 @@ def _key_words(key: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=4096)
-def normalise_key(key: str) -> str:
+def _normalise_key(key: str) -> str:
     return "".join(_key_words(key))
 
 
@@ -106,7 +106,7 @@ def _words_kind(words: list[str]) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def key_kind(key: str) -> int:
+def _key_kind(key: str) -> int:
     """What ``key`` refuses below it (the bits above); 0 for an ordinary key."""
     words = _key_words(key)
     while words:
@@ -114,12 +114,12 @@ def key_kind(key: str) -> int:
         if kind or not (words[-1] in _SAME_VALUE_WORDS or words[-1].isdigit()):
             return kind
         words.pop()
-    return INHERIT if _WORD_RE.search(key) else 0
+    return _INHERIT if _WORD_RE.search(key) else 0
 
 
 def is_sensitive_key(key: str) -> bool:
     """True when ``key`` names a credential (its last word or last two words do)."""
-    return bool(key_kind(key) & STRINGS)
+    return bool(_key_kind(key) & _STRINGS)
 
 
 _PLACEHOLDER = re.compile(
@@ -127,7 +127,7 @@ _PLACEHOLDER = re.compile(
     r"|(?i:\[?(?:redacted|masked|hidden|null|none|nil|undefined|empty|true|false)\]?)")
 
 
-def is_placeholder(value: str) -> bool:
+def _is_placeholder(value: str) -> bool:
     """A mask or a reference in place of a secret: ``***``, ``${DB_PASSWORD}``, ``<password>``."""
     return _PLACEHOLDER.fullmatch(value) is not None
 
@@ -257,19 +257,19 @@ def _assigned_secret(text: str, match: re.Match[str], kind: int, name_start: int
     if quoted:  # a quoted value is meant as a value: '"password": "a b"', "PASS='x'"
         group = "dq" if quoted.group("dq") is not None else "sq"
         value = quoted.group(group)
-        if is_placeholder(value) or (not kind & NUMBERS and value.isdigit()):
+        if _is_placeholder(value) or (not kind & _NUMBERS and value.isdigit()):
             return None
         return quoted.span(group)
     if name.endswith("authorization"):
         scheme = _AUTH_SCHEME.match(text, start)
-        if scheme and len(scheme.group("cred")) >= 3 and not is_placeholder(scheme.group("cred")):
+        if scheme and len(scheme.group("cred")) >= 3 and not _is_placeholder(scheme.group("cred")):
             return scheme.span("cred")
     bare = _BARE_VALUE.match(text, start)
     if bare is None:
         return None
     value = bare.group()
     core = value.rstrip(".,!?:")
-    if len(core) < 3 or is_placeholder(core) or (not kind & NUMBERS and core.isdigit()):
+    if len(core) < 3 or _is_placeholder(core) or (not kind & _NUMBERS and core.isdigit()):
         return None
     if match.group("op") == ":" and not _looks_random(core) and (
             name.endswith("authorization")
@@ -287,7 +287,7 @@ def _assignment_spans(text: str) -> Iterator[Span]:
     while (match := _ASSIGNMENT.search(text, pos)) is not None:
         pos = match.end()
         name = match.group("name")
-        kind = key_kind(name)
+        kind = _key_kind(name)
         start = match.start()
         if not kind and name.lower() in _CREDENTIAL_PAIRS:  # "API key: ...", two words
             end = start - 1
@@ -295,9 +295,9 @@ def _assignment_spans(text: str) -> Iterator[Span]:
             while begin > 0 and start - begin < 32 and text[begin - 1].isalpha():
                 begin -= 1
             if begin < end and text[end] in " \t":
-                kind = key_kind(f"{text[begin:end]}_{name}")
+                kind = _key_kind(f"{text[begin:end]}_{name}")
                 start = begin
-        if kind & STRINGS:
+        if kind & _STRINGS:
             span = _assigned_secret(text, match, kind, start)
             if span is not None:
                 yield span
@@ -389,7 +389,7 @@ def _live_shapes(lowered: str, looks: _Looks) -> Iterator[int]:
                         yield index
 
 
-def json_may_hold_credential(lowered: str) -> bool:
+def _json_may_hold_credential(lowered: str) -> bool:
     """encode_payload's first look at its JSON text: most payloads hold no anchor at all."""
     for anchor in _ANCHORS:
         if anchor in lowered:
@@ -403,7 +403,7 @@ def _shape_spans(text: str, lowered: str) -> Iterator[tuple[_Shape, Span]]:
             yield _SHAPES[index], span
 
 
-def credential_in_text(text: str) -> str | None:
+def _credential_in_text(text: str) -> str | None:
     """The reason of the first credential shape in ``text``, or None."""
     if len(text) < _SHORTEST_SHAPE:
         return None

@@ -16,10 +16,10 @@ from typing import Any, Sequence
 import peewee as pw
 
 from . import _session
-from ._families import connection_trouble, family_of, tls_refused
-from .errors import ConnectionLostError, OutboxError, SchemaError
+from ._families import connection_trouble, driver_errors, family_of, lock_conflict, tls_refused
+from .errors import ConnectionLostError, LockConflictError, OutboxError, SchemaError
 
-__all__ = ["CONNECTION_ERRORS", "DEFAULT_URL", "execute", "is_connection_error",
+__all__ = ["CONNECTION_ERRORS", "DEFAULT_URL", "execute", "is_connection_error", "is_retryable",
            "lost_connection", "reconnect", "tls_failure"]
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,20 @@ def is_connection_error(exc: BaseException) -> bool:
     if isinstance(exc, (ConnectionLostError, pw.InterfaceError)):
         return True
     return isinstance(exc, pw.OperationalError) and connection_trouble(exc) is not None
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True when the server rolled ``exc``'s transaction back for a conflict with another
+    transaction, so that running the whole transaction again is the remedy: a
+    LockConflictError, or the driver's error (as Peewee raised it) for a deadlock, a lock-wait
+    timeout, a serialization failure or a COMMIT a cluster refused (Galera's 1213, Group
+    Replication's 3101 and 1180, PostgreSQL's 40001 and 40P01): what a service's own
+    ``db.atomic()`` raises from its COMMIT. False for anything else, a lost connection
+    included: a COMMIT whose answer was lost may have committed."""
+    if isinstance(exc, LockConflictError):
+        return True
+    return (isinstance(exc, (pw.DatabaseError, *driver_errors()))
+            and lock_conflict(exc) is not None)
 
 
 def _drop(database: pw.Database) -> None:

@@ -139,11 +139,38 @@ def claim_transaction(database: pw.Database) -> Any:
     when the session's level is SERIALIZABLE (claimers would wait for each other and
     deadlock); on PostgreSQL READ COMMITTED unless it is already (at REPEATABLE READ and
     SERIALIZABLE concurrent claims fail with serialization errors). The level applies to
-    that transaction only."""
-    level = family_of(database).claim_level_for(session_of(database).isolation)
-    if level is not None:
-        return database.atomic(isolation_level=level)
-    return database.atomic()
+    that transaction only. A COMMIT the server refuses for a conflict (a cluster's
+    certification failure: Galera's 1213, Group Replication's 3101 or 1180; a serialization
+    failure) raises LockConflictError, as a conflict inside the block does: the server has
+    rolled the whole transaction back."""
+    family = family_of(database)
+    level = family.claim_level_for(session_of(database).isolation)
+    atomic = database.atomic() if level is None else database.atomic(isolation_level=level)
+    return _RefusedCommitIsConflict(atomic, family)
+
+
+class _RefusedCommitIsConflict:
+    """A transaction's context manager whose COMMIT, refused for a conflict, raises the
+    family's LockConflictError (chained to the driver's error) instead of Peewee's."""
+
+    __slots__ = ("_atomic", "_family")
+
+    def __init__(self, atomic: Any, family: Any) -> None:
+        self._atomic, self._family = atomic, family
+
+    def __enter__(self) -> Any:
+        return self._atomic.__enter__()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any:
+        if exc_type is not None:
+            return self._atomic.__exit__(exc_type, exc, tb)
+        try:
+            return self._atomic.__exit__(None, None, None)  # the COMMIT
+        except (pw.OperationalError, pw.InternalError) as refused:
+            conflict = self._family.lock_conflict(refused)
+            if conflict is None:
+                raise
+            raise conflict from refused
 
 
 #: The isolation level of the caller's open transaction (the write asks it too).

@@ -57,11 +57,16 @@ class DuplicateEventError(OutboxError):
 
 
 class LockConflictError(OutboxError):
-    """The server ended a statement with a lock conflict: on MySQL and MariaDB a deadlock
-    (1213) or a lock-wait timeout (1205).
+    """The server ended a statement, or refused a COMMIT, for a conflict with another
+    transaction: on MySQL and MariaDB a deadlock (1213; also Galera's certification failure at
+    COMMIT), a lock-wait timeout (1205), or Group Replication's rollback at COMMIT (3101,
+    1180); on PostgreSQL a deadlock (40P01), a lock not available (55P03) or a serialization
+    failure (40001).
 
-    The server rolled back the statement (deadlock: the whole transaction), so the caller
-    retries the whole unit of work in a new transaction. ``errno`` says which it was (the
+    The server rolled back the statement (deadlock, refused COMMIT: the whole transaction), so
+    the caller retries the whole unit of work in a new transaction
+    (:func:`outbox_lite.is_retryable` says the same of Peewee's error from a COMMIT of the
+    caller's own). ``errno`` says which it was (the
     server's error number, or its SQLSTATE where it has no numbers).
     """
 

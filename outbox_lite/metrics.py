@@ -12,6 +12,10 @@ families:
 ``outbox_relay_released_total``             counter    expired claims the relays released
 ``outbox_relay_publish_errors_total``       counter    batches whose publish raised
 ``outbox_relay_rounds_total``               counter    rounds run
+``outbox_relay_conflicts_total``            counter    transactions and statements the server
+                                                       rolled back for a lock conflict (a
+                                                       deadlock, a lock wait, a COMMIT a
+                                                       cluster refused), each retried
 ``outbox_relay_publish_seconds``            histogram  one batch's publish
 ``outbox_relay_lag_seconds``                histogram  from an event's ``available_at`` to its
                                                        publish being recorded
@@ -118,7 +122,7 @@ class RelayMetrics:
         self.stats_every = _checks.duration("stats_every", stats_every).total_seconds()
         self._lock = threading.Lock()
         self._events = dict.fromkeys(OUTCOMES, 0)
-        self._released = self._publish_errors = self._rounds = 0
+        self._released = self._publish_errors = self._rounds = self._conflicts = 0
         self._publish = _Histogram("publish", publish_buckets)
         self._lag = _Histogram("lag", lag_buckets)
         self._stats: OutboxStats | None = None
@@ -146,6 +150,7 @@ class RelayMetrics:
                 self._events[outcome] += getattr(counts, outcome)
             self._released += counts.released
             self._publish_errors += counts.publish_errors
+            self._conflicts += counts.lock_conflicts
             if at is not None:
                 for event in published:
                     self._lag.observe(max(0.0, (at - event.available_at).total_seconds()))
@@ -174,6 +179,7 @@ class RelayMetrics:
         with self._lock:
             events, stats = dict(self._events), self._stats
             released, errors, rounds = self._released, self._publish_errors, self._rounds
+            conflicts = self._conflicts
             publish = self._publish.family(
                 "outbox_relay_publish_seconds", "Seconds one batch's publish took")
             lag = self._lag.family(
@@ -185,7 +191,9 @@ class RelayMetrics:
             family.add_metric([outcome], float(count))
         counters = [("outbox_relay_released", "Expired claims the relay released", released),
                     ("outbox_relay_publish_errors", "Batches whose publish raised", errors),
-                    ("outbox_relay_rounds", "Rounds the relay ran", rounds)]
+                    ("outbox_relay_rounds", "Rounds the relay ran", rounds),
+                    ("outbox_relay_conflicts", "Transactions and statements rolled back for a"
+                     " lock conflict (a COMMIT a cluster refused too), each retried", conflicts)]
         yield family
         for name, documentation, value in counters:
             yield CounterMetricFamily(name, documentation, value=float(value))

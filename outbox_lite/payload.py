@@ -14,9 +14,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, Collection
 
-from ._credentials import (INHERIT, NAMED_PAIR, NUMBERS, STRINGS, STRONG, SUBTREE,
-                           credential_in_text, is_placeholder, json_may_hold_credential,
-                           key_kind, normalise_key)
+from ._credentials import (_INHERIT, _NAMED_PAIR, _NUMBERS, _STRINGS, _STRONG, _SUBTREE,
+                           _credential_in_text, _is_placeholder, _json_may_hold_credential,
+                           _key_kind, _normalise_key)
 from .errors import CredentialInHeaderError, CredentialInPayloadError, PayloadError
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -51,8 +51,8 @@ def _name_kind(name: object, allowed: Collection[str]) -> int:
     """What a key named ``name`` would refuse, unless the caller allowed it."""
     if not isinstance(name, str):
         return 0
-    kind = key_kind(name) & (STRONG | SUBTREE)
-    if kind and allowed and normalise_key(name) in allowed:
+    kind = _key_kind(name) & (_STRONG | _SUBTREE)
+    if kind and allowed and _normalise_key(name) in allowed:
         return 0
     return kind
 
@@ -97,9 +97,9 @@ def _check(value: Any, trail: list[str | int], level: int,
     ``scan`` False means no string can hold a credential-shaped value (see encode_payload).
     """
     if isinstance(value, str):
-        if level & STRINGS and value.strip() and not is_placeholder(value.strip()):
+        if level & _STRINGS and value.strip() and not _is_placeholder(value.strip()):
             raise CredentialInPayloadError(_format_path(trail), "sensitive key")
-        reason = scan and credential_in_text(value)
+        reason = scan and _credential_in_text(value)
         if reason:
             raise CredentialInPayloadError(_format_path(trail), reason)
     elif isinstance(value, dict):
@@ -111,14 +111,14 @@ def _check(value: Any, trail: list[str | int], level: int,
             if not isinstance(key, str):
                 raise PayloadError(f"payload keys must be strings; {_format_path(trail)} "
                                    f"has a {type(key).__name__} key")
-            reason = scan and credential_in_text(key)
+            reason = scan and _credential_in_text(key)
             if reason:  # the key is the secret: the path must not show it
                 raise CredentialInPayloadError(_format_path(trail) + _REDACTED_KEY, reason)
-            kind = key_kind(key)
-            if allowed and kind & STRINGS and normalise_key(key) in allowed:
+            kind = _key_kind(key)
+            if allowed and kind & _STRINGS and _normalise_key(key) in allowed:
                 child = 0
-            elif kind == INHERIT or level & SUBTREE:  # "new" under "password"; any key
-                child = kind & ~INHERIT | level & ~NAMED_PAIR  # under "secrets"
+            elif kind == _INHERIT or level & _SUBTREE:  # "new" under "password"; any key
+                child = kind & ~_INHERIT | level & ~_NAMED_PAIR  # under "secrets"
             else:
                 child = kind
             if named is not None and key == named[0]:
@@ -130,10 +130,10 @@ def _check(value: Any, trail: list[str | int], level: int,
         if len(trail) >= MAX_DEPTH:
             raise PayloadError(
                 f"payload is nested deeper than {MAX_DEPTH} levels at {_format_path(trail)}")
-        pairs = NAMED_PAIR if _is_pair_list(value) else 0
+        pairs = _NAMED_PAIR if _is_pair_list(value) else 0
         for index, item in enumerate(value):
-            child = level & ~NAMED_PAIR | pairs
-            if level & NAMED_PAIR and index == 1:
+            child = level & ~_NAMED_PAIR | pairs
+            if level & _NAMED_PAIR and index == 1:
                 child |= _name_kind(value[0], allowed)
             trail.append(index)
             _check(item, trail, child, allowed, scan)
@@ -148,7 +148,7 @@ def _check(value: Any, trail: list[str | int], level: int,
             raise PayloadError(
                 f"payload has an integer at {_format_path(trail)} beyond 64 bits (from -2**63"
                 " to 2**64-1), which MySQL stores as an inexact float: send it as a string")
-        if level & NUMBERS:
+        if level & _NUMBERS:
             raise CredentialInPayloadError(_format_path(trail), "sensitive key")
     else:
         raise PayloadError(f"payload value at {_format_path(trail)} is a "
@@ -165,12 +165,12 @@ def _plain_keys(payload: Any) -> bool:
         value = stack.pop()
         if isinstance(value, dict):
             for key in value:  # a str subclass takes the exact walk, which accepts it
-                if type(key) is not str or key_kind(key) & STRINGS:
+                if type(key) is not str or _key_kind(key) & _STRINGS:
                     return False
             if ("value" in value or "Value" in value) and _named_value(value, ()):
                 return False
             value = value.values()
-        elif len(value) == 2 and type(value[0]) is str and key_kind(value[0]) & STRINGS:
+        elif len(value) == 2 and type(value[0]) is str and _key_kind(value[0]) & _STRINGS:
             return False
         for item in value:
             if isinstance(item, _CONTAINERS):
@@ -192,7 +192,7 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     if not isinstance(payload, _CONTAINERS):
         raise PayloadError(
             f"payload must be a JSON object (dict) or array (list), not {type(payload).__name__}")
-    allowed = frozenset(map(normalise_key, allowed_keys)) if allowed_keys else frozenset()
+    allowed = frozenset(map(_normalise_key, allowed_keys)) if allowed_keys else frozenset()
     try:
         text = _ENCODER.encode(payload)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -202,7 +202,7 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     # look at it tells whether any of them may hold a credential-shaped value; and it cannot
     # nest deeper than its brackets. Payloads that pass both need only their keys checked;
     # any doubt takes the exact walk, which also names the path.
-    scan = "\\" in text or json_may_hold_credential(text.lower())
+    scan = "\\" in text or _json_may_hold_credential(text.lower())
     shallow = text.count("{") + text.count("[") <= MAX_DEPTH
     if scan or not shallow or _LONG_DIGITS.search(text) or not _plain_keys(payload):
         _check(payload, [], 0, allowed, scan)
@@ -251,13 +251,13 @@ def check_headers(headers: Any, *, allowed_keys: Collection[str] = ()) -> dict[s
                            f"{type(headers).__name__}")
     if len(headers) > MAX_HEADERS:
         raise PayloadError(f"headers has {len(headers)} entries; the limit is {MAX_HEADERS}")
-    allowed = frozenset(map(normalise_key, allowed_keys)) if allowed_keys else frozenset()
+    allowed = frozenset(map(_normalise_key, allowed_keys)) if allowed_keys else frozenset()
     checked: dict[str, str] = {}
     size = 0
     for name, value in headers.items():
         if not isinstance(name, str):
             raise PayloadError(f"header names must be str, not {type(name).__name__}")
-        if credential_in_text(name):  # the name is the secret: it must not be shown
+        if _credential_in_text(name):  # the name is the secret: it must not be shown
             raise CredentialInHeaderError("<redacted>", "a header name shaped like a credential")
         if not _HEADER_NAME.fullmatch(name):
             raise PayloadError(
@@ -270,13 +270,13 @@ def check_headers(headers: Any, *, allowed_keys: Collection[str] = ()) -> dict[s
                                "the publishers)")
         if not isinstance(value, str):
             raise PayloadError(f"header {name!r} must be a str, not {type(value).__name__}")
-        if key_kind(name) & STRINGS and normalise_key(name) not in allowed:
+        if _key_kind(name) & _STRINGS and _normalise_key(name) not in allowed:
             raise CredentialInHeaderError(name, "sensitive header name")
         if _CONTROL.search(value):
             raise PayloadError(f"header {name!r} has a control character")
         if value != value.strip(" \t"):
             raise PayloadError(f"header {name!r} starts or ends with white space")
-        reason = credential_in_text(value)
+        reason = _credential_in_text(value)
         if reason:
             raise CredentialInHeaderError(name, reason)
         try:

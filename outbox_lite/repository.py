@@ -409,8 +409,13 @@ class OutboxRepository:
                  self._pages(self._sql.DISPATCHABLE_PAGES, wanted, now=now))
         claimed: list[Sequence[Any]] = []
         for ids in pages:
-            claimed.extend(self._run(self._sql.LOCK_CANDIDATES, ids=self._family.id_list(ids),
-                                     now=now, limit=limit - len(claimed)).fetchall())
+            # No more candidates at once than still wanted: the locking read returns them in
+            # id order, so a wider slice could take newer ones before older (available_at).
+            while ids and len(claimed) < limit:
+                chunk, ids = ids[:limit - len(claimed)], ids[limit - len(claimed):]
+                claimed.extend(self._run(self._sql.LOCK_CANDIDATES,
+                                         ids=self._family.id_list(chunk), now=now,
+                                         limit=len(chunk)).fetchall())
             if len(claimed) >= limit:
                 break
         if not claimed:

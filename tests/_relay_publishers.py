@@ -130,6 +130,7 @@ def _inside_stop_waits(action: Any) -> None:
     import sys
     import threading
 
+    from outbox_lite.relay import Relay
     from outbox_lite.wake import Doorbell
 
     def tracer(frame: Any, event: str, arg: Any) -> None:
@@ -140,8 +141,8 @@ def _inside_stop_waits(action: Any) -> None:
                     # sleeps on the stop Event's own condition
                     caller.f_code is Doorbell.wait.__code__
                     or caller.f_code is threading.Event.wait.__code__
-                    and caller.f_back is not None and caller.f_back.f_code.co_name == "run"
-                    and caller.f_back.f_code.co_filename.endswith("relay.py"))):
+                    and caller.f_back is not None
+                    and caller.f_back.f_code in (Relay.run.__code__, Relay._survive.__code__))):
             assert frame.f_locals["self"]._lock.locked()  # held by this thread
             if action() is False:
                 sys.settrace(None)

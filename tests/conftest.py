@@ -20,9 +20,11 @@ import redis
 from outbox_lite import Backoff, OutboxRepository
 from outbox_lite import migrate as schema
 from outbox_lite._families.url import DatabaseUrl
+from outbox_lite.relay import Relay
 
 from _brokers import Exchange, NATSServer, RabbitMQNode, Stream, new_exchange, new_stream
 from _helpers import FAMILY, TEST_URL, FakeClock, rows_of
+from _proxy import Proxy
 from _redis import SHARED_REDIS, RedisServer, delete_queue
 
 _counter = itertools.count()
@@ -154,6 +156,21 @@ def repo(db: Any, clock: FakeClock) -> OutboxRepository:
     return OutboxRepository(db, clock=clock, backoff=Backoff(base=10, cap=600, jitter=0))
 
 
+@pytest.fixture(params=[True, False], ids=["traced", "untraced"])
+def relay_of(request: pytest.FixtureRequest) -> Callable[..., Relay]:
+    """``relay_of(repo, publisher, **options)``: a relay (worker ``relay-1``, no progress
+    lines unless given), once with tracing and once without. The test extra installs
+    OpenTelemetry, so a relay left to its default takes the traced path; a plain install's
+    relay (``tracer`` None) publishes without it, and must record the same outcomes."""
+    def make(repo: OutboxRepository, publisher: Any, **options: Any) -> Relay:
+        options.setdefault("worker_id", "relay-1")
+        options.setdefault("progress_every", 0)
+        relay = Relay(repo, publisher, tracing=request.param, **options)
+        assert (relay.tracer is not None) is request.param
+        return relay
+    return make
+
+
 @pytest.fixture
 def fetch(db_url: DatabaseUrl) -> Iterator[Callable[..., list[dict[str, Any]]]]:
     """Read committed state on a connection of its own: ``fetch(sql, *params)``, rows as
@@ -270,3 +287,12 @@ def nats_server(tmp_path: Any) -> Iterator[Callable[..., NATSServer]]:
     finally:
         for server in servers:
             server.stop()
+
+
+@pytest.fixture
+def proxy(db_url):
+    """A :class:`_proxy.Proxy` to the test server: a connection through it (``port=proxy.port``
+    and ``FAMILY.PLAIN_TEXT``) can lose a statement's answer or have its COMMIT refused."""
+    forwarder = Proxy(db_url.host, db_url.port, FAMILY.name)
+    yield forwarder
+    forwarder.close()

@@ -214,3 +214,19 @@ def test_claim_batch_pages_past_a_window_of_held_events(db, clock, fetch):
     assert errors == [] and results[0] == ids[3:6]
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event WHERE locked_by = 'other'") == [
         {"n": 3}]
+
+
+# SPEC §2 (find_dispatchable: oldest available_at first, then id) and claim_batch's docstring
+# promise it. Until issue 38 every server handed out the lowest ids among the candidates it read
+# (limit times claim_window, in available_at order): LOCK_CANDIDATES kept the first `limit` by id.
+@pytest.mark.parametrize("limit", [1, 3])
+def test_claim_batch_hands_out_the_oldest_available_at_first_whatever_the_ids(
+        db, repo, fetch, clock, limit):
+    # available_at in reverse id order: claiming in id order would hand out the newest.
+    ids = [new_event(repo, n, available_at=T0 - dt.timedelta(minutes=n)).id for n in range(6)]
+    oldest_first = ids[::-1]
+    with db.atomic():
+        claimed = repo.claim_batch("w1", limit=limit)
+    assert [e.id for e in claimed] == oldest_first[:limit]
+    assert fetch("SELECT id FROM outbox_event WHERE status = 'processing' ORDER BY id") == [
+        {"id": i} for i in sorted(oldest_first[:limit])]

@@ -275,7 +275,7 @@ class _Rejecting:
         pass
 
 
-def test_an_in_process_relay_with_its_own_registry(db, repo, clock, fetch):
+def test_an_in_process_relay_with_its_own_registry(db, repo, clock, fetch, relay_of):
     # Four aggregates of five events; the second event of aggregate 0 is rejected, so the
     # three behind it wait (ordered claims). Every event became available at T0; the relay
     # runs 3 s later by the injected clock: every lag is exactly 3 s.
@@ -286,8 +286,7 @@ def test_an_in_process_relay_with_its_own_registry(db, repo, clock, fetch):
     clock.advance(seconds=3)
     registry = CollectorRegistry()
     metrics = RelayMetrics(registry, stats_every=3600)
-    relay = Relay(repo, _Rejecting(), worker_id="relay-m", ordered=True, progress_every=0,
-                  metrics=metrics)
+    relay = relay_of(repo, _Rejecting(), worker_id="relay-m", ordered=True, metrics=metrics)
     relay.run(until_empty=True)  # returns once only the held-back events are left
     stats = repo.stats()
     assert (stats.counts["published"], stats.counts["failed"], stats.held_back) == (16, 1, 3)

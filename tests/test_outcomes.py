@@ -75,6 +75,7 @@ def test_retryable_failure_goes_back_to_pending_with_exponential_backoff(repo, f
     row = fetch("SELECT * FROM outbox_event")[0]
     assert row["status"] == "failed" and row["attempt_count"] == 5
     assert row["last_error_message"] == "still refused"
+    assert row["locked_by"] is None and row["locked_at"] is None  # a dead letter holds no lock
 
 
 def test_backoff_is_capped_and_jittered_as_configured(db, fetch, clock):
@@ -105,9 +106,38 @@ def test_backoff_delays():
 def test_non_retryable_failure_dead_letters_at_once(repo, fetch):
     event = _claim(repo)
     assert repo.mark_failed(event.id, "w1", "bad_payload", "schema mismatch", retryable=False)
-    assert fetch("SELECT status, attempt_count, last_error_code FROM outbox_event") == [
-        {"status": "failed", "attempt_count": 1, "last_error_code": "bad_payload"}]
+    assert fetch("SELECT status, attempt_count, last_error_code, locked_by, locked_at"
+                 " FROM outbox_event") == [
+        {"status": "failed", "attempt_count": 1, "last_error_code": "bad_payload",
+         "locked_by": None, "locked_at": None}]
     assert repo.mark_processing(event.id, "w1") is False
+
+
+@pytest.mark.parametrize("max_attempts,retryable", [(5, False), (1, True), (2, True)],
+                         ids=["non-retryable", "max-attempts-1", "last-attempt"])
+def test_only_the_holder_can_make_a_dead_letter(db, fetch, clock, max_attempts, retryable):
+    """mark_failed's fencing where the failure dead-letters (SPEC §2: "same fencing"): a
+    stale worker's failure changes nothing of an event another worker holds; the holder's
+    makes a dead letter with its lock cleared."""
+    repo = OutboxRepository(db, clock=clock, max_attempts=max_attempts,
+                            backoff=Backoff(base=10, cap=10, jitter=0))
+    event = new_event(repo)
+    for _ in range(max_attempts - 1 if retryable else 0):  # up to the last attempt
+        assert repo.mark_processing(event.id, "earlier")
+        assert repo.mark_failed(event.id, "earlier", "broker_down", "refused")
+        clock.advance(seconds=10)
+    assert repo.mark_processing(event.id, "holder")
+    before = fetch("SELECT * FROM outbox_event")
+    assert repo.mark_failed(event.id, "stale", "late", "stale failure",
+                            retryable=retryable) is False
+    assert fetch("SELECT * FROM outbox_event") == before
+    assert before[0]["status"] == "processing" and before[0]["locked_by"] == "holder"
+    assert repo.mark_failed(event.id, "holder", "rejected", "for good",
+                            retryable=retryable) is True
+    assert fetch("SELECT status, attempt_count, last_error_code, locked_by, locked_at"
+                 " FROM outbox_event") == [
+        {"status": "failed", "attempt_count": max_attempts if retryable else 1,
+         "last_error_code": "rejected", "locked_by": None, "locked_at": None}]
 
 
 def test_stored_error_messages_are_redacted_and_bounded(repo, fetch):
@@ -159,8 +189,10 @@ def test_release_expired_locks_dead_letters_when_attempts_are_exhausted(db, fetc
         assert repo.mark_processing(event.id, "crashing")
         clock.advance(minutes=2)
         repo.release_expired_locks(60)
-    assert fetch("SELECT status, attempt_count, last_error_code FROM outbox_event") == [
-        {"status": "failed", "attempt_count": 2, "last_error_code": "lock_expired"}]
+    assert fetch("SELECT status, attempt_count, last_error_code, locked_by, locked_at"
+                 " FROM outbox_event") == [
+        {"status": "failed", "attempt_count": 2, "last_error_code": "lock_expired",
+         "locked_by": None, "locked_at": None}]
 
 
 def test_release_expired_locks_handles_more_than_one_page(db, repo, fetch, clock):

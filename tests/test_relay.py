@@ -58,16 +58,11 @@ def _drain(relay, timeout=60.0):
     assert not stop.is_set(), f"the relay did not drain the outbox within {timeout} s"
 
 
-def _relay(repo, publisher, **options):
-    options.setdefault("worker_id", "relay-1")
-    options.setdefault("progress_every", 0)
-    return Relay(repo, publisher, **options)
-
-
-def test_a_round_publishes_a_batch_and_records_it_in_one_statement(db, repo, fetch, clock):
+def test_a_round_publishes_a_batch_and_records_it_in_one_statement(
+        db, repo, fetch, clock, relay_of):
     ids = seed(repo, 5)
     broker = Broker()
-    relay = _relay(repo, broker, batch_size=3)
+    relay = relay_of(repo, broker, batch_size=3)
     first = relay.run_once()
     assert (first.claimed, first.published, first.retried, first.dead) == (3, 3, 0, 0)
     assert broker.batches == [[(i, "job.created", {"n": n}) for n, i in enumerate(ids[:3])]]
@@ -80,7 +75,7 @@ def test_a_round_publishes_a_batch_and_records_it_in_one_statement(db, repo, fet
     assert relay.stats.published == 5 and relay.stats.rounds == 3
 
 
-def test_failures_retry_or_dead_letter_with_their_code(db, repo, fetch, clock):
+def test_failures_retry_or_dead_letter_with_their_code(db, repo, fetch, clock, relay_of):
     a, b, c, d = seed(repo, 4)
 
     class BrokerDown(Exception):
@@ -88,7 +83,7 @@ def test_failures_retry_or_dead_letter_with_their_code(db, repo, fetch, clock):
 
     broker = Broker(fail={a: BrokerDown("503 from broker"), b: Permanent("schema mismatch"),
                           c: ValueError("password=hunter2 refused")})
-    result = _relay(repo, broker).run_once()
+    result = relay_of(repo, broker).run_once()
     assert (result.published, result.retried, result.dead) == (1, 2, 1)
     rows = {r["id"]: r for r in fetch("SELECT * FROM outbox_event")}
     assert rows[a]["status"] == "pending" and rows[a]["last_error_code"] == "BrokerDown"
@@ -100,11 +95,11 @@ def test_failures_retry_or_dead_letter_with_their_code(db, repo, fetch, clock):
     assert rows[d]["status"] == "published"
 
 
-def test_the_last_attempt_dead_letters(db, clock, fetch):
+def test_the_last_attempt_dead_letters(db, clock, fetch, relay_of):
     repo = OutboxRepository(db, clock=clock, max_attempts=2,
                             backoff=Backoff(base=1, cap=1, jitter=0))
     [event_id] = seed(repo, 1)
-    relay = _relay(repo, Broker(fail={event_id: OSError("down")}))
+    relay = relay_of(repo, Broker(fail={event_id: OSError("down")}))
     assert relay.run_once().retried == 1
     clock.advance(seconds=2)
     assert relay.run_once().dead == 1
@@ -112,16 +107,16 @@ def test_the_last_attempt_dead_letters(db, clock, fetch):
         {"status": "failed", "attempt_count": 2}]
 
 
-def test_a_publisher_that_raises_fails_the_whole_batch(db, repo, fetch):
+def test_a_publisher_that_raises_fails_the_whole_batch(db, repo, fetch, relay_of):
     seed(repo, 3)
     broker = Broker(raise_=ConnectionError("redis unreachable"))
-    result = _relay(repo, broker).run_once()
+    result = relay_of(repo, broker).run_once()
     assert (result.claimed, result.published, result.retried) == (3, 0, 3)
     assert fetch("SELECT DISTINCT status, last_error_code FROM outbox_event") == [
         {"status": "pending", "last_error_code": "ConnectionError"}]
 
 
-def test_failures_for_events_not_in_the_batch_are_ignored(db, repo, fetch, caplog):
+def test_failures_for_events_not_in_the_batch_are_ignored(db, repo, fetch, caplog, relay_of):
     seed(repo, 1)
 
     class Confused(Broker):
@@ -131,13 +126,13 @@ def test_failures_for_events_not_in_the_batch_are_ignored(db, repo, fetch, caplo
 
     broker = Confused()
     with caplog.at_level(logging.WARNING, "outbox_lite.relay"):
-        assert _relay(repo, broker).run_once().published == 1
+        assert relay_of(repo, broker).run_once().published == 1
     assert "not in the batch" in caplog.text
     assert fetch("SELECT status FROM outbox_event") == [{"status": "published"}]
 
 
 def test_a_claim_taken_over_during_the_publish_is_counted_lost_and_not_recorded(
-        db, repo, fetch, clock):
+        db, repo, fetch, clock, relay_of):
     ids = seed(repo, 2)
 
     class SlowBroker(Broker):
@@ -147,12 +142,35 @@ def test_a_claim_taken_over_during_the_publish_is_counted_lost_and_not_recorded(
             assert repo.mark_processing(ids[0], "other")  # another relay took one over
             return super().publish(events)
 
-    relay = _relay(repo, SlowBroker(), lock_timeout=60, heartbeat=30)
+    relay = relay_of(repo, SlowBroker(), lock_timeout=60, heartbeat=30)
     result = relay.run_once()
     assert (result.claimed, result.published, result.lost) == (2, 0, 2)
     assert fetch("SELECT id, status, locked_by FROM outbox_event ORDER BY id") == [
         {"id": ids[0], "status": "processing", "locked_by": "other"},
         {"id": ids[1], "status": "pending", "locked_by": None}]
+
+
+def test_a_round_releases_expired_claims_and_counts_them(db, repo, fetch, clock, relay_of):
+    """SPEC §5: a round first releases the claims older than the lock timeout (by the
+    repository's clock, moved here), then claims them again; a younger claim is left alone."""
+    crashed = seed(repo, 2)
+    with db.atomic():
+        assert [e.id for e in repo.claim_batch("crashed", limit=2)] == crashed
+    clock.advance(seconds=50)
+    [alive] = seed(repo, 1, aggregate_id="alive")
+    assert repo.mark_processing(alive, "alive")
+    clock.advance(seconds=20)  # crashed's claims are 70 s old, alive's 20 s: timeout 60 s
+    broker = Broker()
+    relay = relay_of(repo, broker, lock_timeout=60, heartbeat=30)
+    result = relay.run_once()
+    assert (result.released, result.claimed, result.published) == (2, 2, 2)
+    assert relay.stats.released == 2 and broker.published == crashed
+    assert fetch("SELECT id, status, locked_by, attempt_count, last_error_code"
+                 " FROM outbox_event ORDER BY id") == [
+        *({"id": i, "status": "published", "locked_by": None, "attempt_count": 2,
+           "last_error_code": "lock_expired"} for i in crashed),
+        {"id": alive, "status": "processing", "locked_by": "alive", "attempt_count": 1,
+         "last_error_code": None}]
 
 
 def _wait_until(condition, timeout=10.0):
@@ -185,10 +203,11 @@ def _round_in_a_thread(relay, broker):
     return worker, results
 
 
-def test_a_long_publish_renews_its_claims_so_no_one_takes_them_over(db, repo, fetch, clock):
+def test_a_long_publish_renews_its_claims_so_no_one_takes_them_over(
+        db, repo, fetch, clock, relay_of):
     ids = seed(repo, 3)
     broker = HangingBroker()
-    relay = _relay(repo, broker, lock_timeout=60, heartbeat=0.02)
+    relay = relay_of(repo, broker, lock_timeout=60, heartbeat=0.02)
     worker, released = _round_in_a_thread(relay, broker)
     other = OutboxRepository(db, clock=clock)
     for _ in range(4):  # four lock timeouts pass during the publish
@@ -208,10 +227,10 @@ def test_a_long_publish_renews_its_claims_so_no_one_takes_them_over(db, repo, fe
     assert len(ids) == 3
 
 
-def test_without_renewals_the_same_publish_loses_its_claims(db, repo, fetch, clock):
+def test_without_renewals_the_same_publish_loses_its_claims(db, repo, fetch, clock, relay_of):
     seed(repo, 3)
     broker = HangingBroker()
-    relay = _relay(repo, broker, lock_timeout=60, heartbeat=59)
+    relay = relay_of(repo, broker, lock_timeout=60, heartbeat=59)
     worker, results = _round_in_a_thread(relay, broker)
     clock.advance(seconds=90)
     assert OutboxRepository(db, clock=clock).release_expired_locks(60) == 3
@@ -224,10 +243,10 @@ def test_without_renewals_the_same_publish_loses_its_claims(db, repo, fetch, clo
 
 
 def test_a_publish_that_never_returns_stops_being_renewed_after_stuck_after(
-        db, repo, fetch, clock, caplog):
+        db, repo, fetch, clock, caplog, relay_of):
     seed(repo, 3)
     broker = HangingBroker()
-    relay = _relay(repo, broker, lock_timeout=60, heartbeat=0.02, stuck_after=0.3)
+    relay = relay_of(repo, broker, lock_timeout=60, heartbeat=0.02, stuck_after=0.3)
     with caplog.at_level(logging.WARNING, logger="outbox_lite.relay"):
         worker, results = _round_in_a_thread(relay, broker)
         _wait_until(lambda: "no longer renewed" in caplog.text)
@@ -244,10 +263,10 @@ def test_a_publish_that_never_returns_stops_being_renewed_after_stuck_after(
         {"status": "pending", "last_error_code": "lock_expired"}]
 
 
-def test_run_until_empty_drains_then_returns(db, repo, fetch):
+def test_run_until_empty_drains_then_returns(db, repo, fetch, relay_of):
     seed(repo, 250)
     broker = Broker()
-    relay = _relay(repo, broker, batch_size=100)
+    relay = relay_of(repo, broker, batch_size=100)
     _drain(relay)
     assert sorted(broker.published) == [r["id"] for r in fetch(
         "SELECT id FROM outbox_event ORDER BY id")]
@@ -256,9 +275,10 @@ def test_run_until_empty_drains_then_returns(db, repo, fetch):
     assert [len(b) for b in broker.batches] == [100, 100, 50]
 
 
-def test_a_running_relay_records_each_batch_in_the_next_claims_transaction(db, repo, fetch):
+def test_a_running_relay_records_each_batch_in_the_next_claims_transaction(
+        db, repo, fetch, relay_of):
     seed(repo, 50)
-    relay = _relay(repo, Broker(), batch_size=10)
+    relay = relay_of(repo, Broker(), batch_size=10)
     with capture_sql(db) as statements:
         _drain(relay)
     kinds = [sql.split()[0] if not sql.startswith("UPDATE") else
@@ -273,7 +293,7 @@ def test_a_running_relay_records_each_batch_in_the_next_claims_transaction(db, r
 
 
 def test_a_claim_that_fails_takes_the_carried_record_with_it_and_both_are_retried(
-        db, repo, fetch):
+        db, repo, fetch, relay_of):
     ids = seed(repo, 20)
     failures = []
 
@@ -288,7 +308,7 @@ def test_a_claim_that_fails_takes_the_carried_record_with_it_and_both_are_retrie
             return super().claim_batch(*args, **kwargs)
 
     conflicted = ConflictOnce(db, clock=repo.clock)
-    relay = _relay(conflicted, Broker(), batch_size=10)
+    relay = relay_of(conflicted, Broker(), batch_size=10)
     _drain(relay, timeout=20)  # a relay that dropped the carried record would never drain
     assert failures == ["deadlock"] and relay.stats.lock_conflicts == 1
     assert relay.stats.published == 20 and relay.stats.lost == 0
@@ -296,13 +316,13 @@ def test_a_claim_that_fails_takes_the_carried_record_with_it_and_both_are_retrie
         {"id": i} for i in ids]
 
 
-def test_ordered_until_empty_leaves_what_waits_behind_a_dead_letter(db, repo, fetch):
+def test_ordered_until_empty_leaves_what_waits_behind_a_dead_letter(db, repo, fetch, relay_of):
     with db.atomic():
         ids = [repo.create_in_transaction(event_type="e", aggregate_type="job",
                                           aggregate_id=agg, payload={}).id
                for agg in ("a", "b", "a", "b", "a")]
     broker = Broker(fail={ids[0]: Permanent("poison")})
-    _drain(_relay(repo, broker, ordered=True))
+    _drain(relay_of(repo, broker, ordered=True))
     assert fetch("SELECT id, status FROM outbox_event ORDER BY id") == [
         {"id": ids[0], "status": "failed"}, {"id": ids[1], "status": "published"},
         {"id": ids[2], "status": "pending"}, {"id": ids[3], "status": "published"},
@@ -330,20 +350,20 @@ def _count_pauses(relay, after: int) -> tuple[threading.Event, list[float]]:
     return stop, pauses
 
 
-def test_the_idle_pause_doubles_up_to_its_cap_and_work_resets_it(db, repo):
-    relay = _relay(repo, Broker(), idle_pause=0.01, max_idle_pause=0.1)
+def test_the_idle_pause_doubles_up_to_its_cap_and_work_resets_it(db, repo, relay_of):
+    relay = relay_of(repo, Broker(), idle_pause=0.01, max_idle_pause=0.1)
     stop, pauses = _count_pauses(relay, after=8)
     relay.run(stop)
     assert pauses == [0.01, 0.02, 0.04, 0.08, 0.1, 0.1, 0.1, 0.1]
 
     seed(repo, 1)
-    relay = _relay(repo, Broker(), idle_pause=0.01, max_idle_pause=0.1)
+    relay = relay_of(repo, Broker(), idle_pause=0.01, max_idle_pause=0.1)
     stop, pauses = _count_pauses(relay, after=3)
     relay.run(stop)
     assert pauses == [0.01, 0.02, 0.04] and relay.stats.published == 1
 
 
-def test_stopping_finishes_and_records_the_batch_in_hand(db, repo, fetch):
+def test_stopping_finishes_and_records_the_batch_in_hand(db, repo, fetch, relay_of):
     seed(repo, 30)
     stop = threading.Event()
 
@@ -353,13 +373,13 @@ def test_stopping_finishes_and_records_the_batch_in_hand(db, repo, fetch):
             return super().publish(events)
 
     broker = StoppingBroker()
-    _relay(repo, broker, batch_size=10).run(stop)
+    relay_of(repo, broker, batch_size=10).run(stop)
     assert len(broker.batches) == 1
     assert fetch("SELECT status, COUNT(*) AS n FROM outbox_event GROUP BY status ORDER BY status"
                  ) == [{"status": "pending", "n": 20}, {"status": "published", "n": 10}]
 
 
-def test_a_lock_conflict_while_recording_is_retried(db, db_url, repo, fetch):
+def test_a_lock_conflict_while_recording_is_retried(db, db_url, repo, fetch, relay_of):
     ids = seed(repo, 2)
     holding, conflicted = threading.Event(), threading.Event()
     relay = None
@@ -382,7 +402,7 @@ def test_a_lock_conflict_while_recording_is_retried(db, db_url, repo, fetch):
             assert holding.wait(10)
             return super().publish(events)
 
-    relay = _relay(repo, Broker2())
+    relay = relay_of(repo, Broker2())
     result = relay.run_once()
     # The holder lets go once it sees the conflict; the relay's retry can then finish before
     # the holder's last step: wait for the thread, not for luck.
@@ -395,7 +415,7 @@ def test_a_lock_conflict_while_recording_is_retried(db, db_url, repo, fetch):
 @pytest.mark.parametrize("kind", ["autoconnect", "no-autoconnect", "pooled"])
 @pytest.mark.parametrize("when", ["claim", "record"])
 def test_a_killed_connection_is_reconnected_and_nothing_is_lost_or_doubled(
-        db_url, clock, fetch, kind, when):
+        db_url, clock, fetch, kind, when, relay_of):
     if kind == "pooled":
         database = db_url.database(FAMILY.pooled_class(), max_connections=4)
     else:
@@ -426,7 +446,7 @@ def test_a_killed_connection_is_reconnected_and_nothing_is_lost_or_doubled(
     repo = KillingRepository(database, clock=clock)
     ids = seed(repo, 40)
     broker = KillingBroker()
-    relay = _relay(repo, broker, batch_size=10, reconnect_pause=0.01, lock_timeout=10)
+    relay = relay_of(repo, broker, batch_size=10, reconnect_pause=0.01, lock_timeout=10)
     _drain(relay)
     database.close()
     assert len(kills) == 2 and relay.stats.reconnects == 2
@@ -436,9 +456,9 @@ def test_a_killed_connection_is_reconnected_and_nothing_is_lost_or_doubled(
     assert fetch("SELECT MAX(attempt_count) AS a FROM outbox_event") == [{"a": 1}]
 
 
-def test_progress_lines_name_the_figures_and_nothing_else(db, repo, caplog):
+def test_progress_lines_name_the_figures_and_nothing_else(db, repo, caplog, relay_of):
     seed(repo, 5)
-    relay = _relay(repo, Broker(), progress_every=0.001)
+    relay = relay_of(repo, Broker(), progress_every=0.001)
     with caplog.at_level(logging.INFO, "outbox_lite.relay"):
         _drain(relay)
     lines = [r.getMessage() for r in caplog.records if r.name == "outbox_lite.relay"]

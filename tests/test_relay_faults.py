@@ -21,7 +21,6 @@ from outbox_lite.publishers.rabbitmq import RabbitMQPublisher
 from outbox_lite.relay import Relay
 
 from _helpers import FAMILY, capture_sql, seed
-from _proxy import Proxy
 
 TAKEN_OVER = "were taken over"
 
@@ -45,13 +44,6 @@ def _database(url, kind, **options):
         database.connect()
         return database
     return url.database(**options)
-
-
-@pytest.fixture
-def proxy(db_url):
-    forwarder = Proxy(db_url.host, db_url.port, FAMILY.name)
-    yield forwarder
-    forwarder.close()
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ also asks the server about the session (``_session``), reads ``max_allowed_packe
 (``_packet``), reads the server's clock (``_clock``: again every 10 s; the ``repo`` fixture's
 clock is injected) and, once per repository, checks the table (``_schema``); after that, each
 ``create_in_transaction`` sends what is counted here. What each statement locks, measured on
-both servers, is in ``outbox_lite/_sql.py`` (``INSERT_UNLESS_TAKEN``). On PostgreSQL the write
-is one ``INSERT … ON CONFLICT DO NOTHING`` at every level: a unique index there waits only for an
-uncommitted row of the same key, never on a gap, and a refusal is no error (an error would abort
-the caller's transaction).
+both servers, is in ``outbox_lite/_families/mysql_sql.py`` (``INSERT_UNLESS_TAKEN``). On
+PostgreSQL the write is one ``INSERT … ON CONFLICT DO NOTHING`` at every level: a unique index
+there waits only for an uncommitted row of the same key, never on a gap, and a refusal is no
+error (an error would abort the caller's transaction).
 """
 
 from __future__ import annotations

@@ -88,6 +88,16 @@ def connection_trouble(exc: BaseException) -> str | None:
     return None
 
 
+def lock_conflict(exc: BaseException) -> Any:
+    """The LockConflictError a driver error ``exc`` means, asked of every family (an error
+    carries no database), or None when it is no lock conflict."""
+    for family in FAMILIES:
+        conflict = family.lock_conflict(exc)  # type: ignore[attr-defined]
+        if conflict is not None:
+            return conflict
+    return None
+
+
 def tls_refused(exc: BaseException) -> str | None:
     """Why TLS failed when ``exc`` is a server without the TLS a URL asks for (each family
     names its own URL options), or a TLS failure its family reads from its driver's words

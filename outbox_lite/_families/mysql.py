@@ -58,6 +58,14 @@ UNREACHABLE = frozenset({2002, 2003})
 GOING = frozenset({1040, 1053})
 ER_DUP_ENTRY = 1062
 ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK = 1205, 1213
+#: A COMMIT a cluster refused: Group Replication's rollback of a transaction that lost
+#: certification (3101), and "Got error 149 … during COMMIT" (1180; 149 is the handler's
+#: deadlock). Galera's certification failure is 1213, raised by the COMMIT.
+ER_ERROR_DURING_COMMIT, ER_TRANSACTION_ROLLBACK_DURING_COMMIT = 1180, 3101
+#: Every error after which the server has rolled the statement or the transaction back for a
+#: conflict with another one: retrying the whole transaction is the remedy.
+CONFLICTS = frozenset({ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK, ER_ERROR_DURING_COMMIT,
+                       ER_TRANSACTION_ROLLBACK_DURING_COMMIT})
 ER_NO_SUCH_TABLE = 1146
 #: A table (1142) or column (1143) privilege is missing.
 DENIED = frozenset({1142, 1143})
@@ -139,9 +147,10 @@ class MySQLFamily(Family):
 
     @staticmethod
     def lock_conflict(exc: BaseException) -> LockConflictError | None:
-        """The LockConflictError for a deadlock (1213) or a lock-wait timeout (1205)."""
+        """The LockConflictError for a deadlock (1213: also Galera's certification failure at
+        COMMIT), a lock-wait timeout (1205), or a COMMIT Group Replication refused (3101, 1180)."""
         errno = errno_of(exc)
-        if errno in (ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK):
+        if errno in CONFLICTS:
             return LockConflictError(errno, str(getattr(exc, "orig", exc)))
         return None
 
