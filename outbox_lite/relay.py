@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from . import _checks, tracing as _tracing, wake as _wake
 from ._families import family_of
@@ -137,13 +137,31 @@ class RelayStats:
     publish_seconds: float = 0.0
     record_seconds: float = 0.0
     idle_seconds: float = 0.0
-    started: float = field(default_factory=time.monotonic, repr=False)
+    #: The seconds these figures are timed by (``time.monotonic``; a test gives its own).
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    started: float = field(default=-1.0, repr=False)  # -1: ``clock()`` when made
+
+    def __post_init__(self) -> None:
+        if self.started < 0:
+            self.started = self.clock()
+        self._rate_from = (self.started, self.published)
 
     def add(self, result: RoundResult) -> None:
         _accumulate(self, result)
 
     def as_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "started"}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("started", "clock")}
+
+    def recent_rate(self) -> tuple[float, float]:
+        """Events published per second since the last call (the first: since the relay was
+        made), and over how many seconds; the next call counts from now. A burst followed by
+        idle time shows as the idle rate, not as a lifetime average."""
+        now = self.clock()
+        since, published = self._rate_from
+        self._rate_from = (now, self.published)
+        seconds = now - since
+        return (self.published - published) / seconds if seconds > 0 else 0.0, seconds
 
 
 def _accumulate(total: RoundResult | RelayStats, part: RoundResult) -> None:
@@ -514,16 +532,16 @@ class Relay:
 
     def log_progress(self) -> None:
         """Log one line of progress (never a payload or a credential): the totals since the
-        relay was made, the same counts its metrics report."""
+        relay was made, the same counts its metrics report, and the rate of publishing since
+        the previous line (not a lifetime average, which idle time would drag down)."""
         s = self.stats
-        elapsed = max(time.monotonic() - s.started, 1e-9)
+        rate, seconds = s.recent_rate()
         logger.info("relay %s: %d published, %d retried, %d dead, %d lost, %d released,"
-                    " %d publish errors in %d rounds (%d expired; %.0f events/s; seconds in"
-                    " claim %.2f, publish %.2f, record %.2f, idle %.2f)", self.worker_id,
-                    s.published, s.retried, s.dead, s.lost, s.released, s.publish_errors,
-                    s.rounds, s.expired,
-                    s.published / elapsed, s.claim_seconds, s.publish_seconds,
-                    s.record_seconds, s.idle_seconds)
+                    " %d publish errors in %d rounds (%d expired; %.0f events/s in the last"
+                    " %.3g s; seconds in claim %.2f, publish %.2f, record %.2f, idle %.2f)",
+                    self.worker_id, s.published, s.retried, s.dead, s.lost, s.released,
+                    s.publish_errors, s.rounds, s.expired, rate, seconds, s.claim_seconds,
+                    s.publish_seconds, s.record_seconds, s.idle_seconds)
 
     # -- one batch --------------------------------------------------------------------------
 
