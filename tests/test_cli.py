@@ -79,6 +79,15 @@ def test_bad_urls_and_servers_give_one_line_and_no_traceback(url, code, words):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_bad_scheme_is_one_short_line_naming_each_scheme_once():
+    """Issue 37: it was ~400 characters, each family's whole form, saying the same twice."""
+    result = _run("--database-url", "mysq://app:Sup3rSecret@db.example:3306/app")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "outbox-lite migrate: error: unsupported URL scheme 'mysq': expected mysql://,"
+        " postgresql:// or postgres://, e.g. mysql://user:password@host:3306/database\n")
+
+
 def test_help_explains_every_flag():
     result = _run("--help")
     assert result.returncode == 0

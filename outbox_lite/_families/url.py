@@ -98,7 +98,7 @@ class DatabaseUrl:
         family = family_for_scheme(scheme) if sep else None
         if family is None:
             shown = f" {scheme!r}" if sep and OPTION_NAME_RE.fullmatch(scheme) else ""
-            raise DatabaseUrlError(f"unsupported URL scheme{shown}; {url_form()}")
+            raise DatabaseUrlError(f"unsupported URL scheme{shown}: {url_form()}")
         kind: type[DatabaseUrl] = family.url_class
         return kind._parse(rest)
 
