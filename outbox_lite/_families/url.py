@@ -183,6 +183,13 @@ class DatabaseUrl:
         return f"{self.scheme}://{auth}@{host}:{self.port}/{self.name}" + (
             f"?{query}" if query else "")
 
+    @property
+    def location(self) -> str:
+        """Which server and database: ``scheme://host:port/name``, no user, password or
+        options (for an error that must say where it went)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}/{self.name}"
+
     def secret_text(self) -> str:
         """The URL in full, password included (percent-encoded): for handing to a child
         process, never for showing. ``DatabaseUrl.parse`` reads it back to an equal URL."""
