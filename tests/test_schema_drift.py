@@ -345,7 +345,8 @@ def _refused_before_writing(db_url, fetch, expected: str) -> None:
     assert str(again.value) == expected
     database.close()
     ran = _cli(db_url, "stats")
-    assert (ran.returncode, ran.stderr) == (1, f"outbox-lite stats: error: {expected}\n")
+    assert (ran.returncode, ran.stderr) == (
+        1, f"outbox-lite stats: error: {expected}; on {db_url.location}\n")
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]
 
 
