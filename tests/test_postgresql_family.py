@@ -74,7 +74,7 @@ def test_a_services_own_postgresqldatabase_takes_psycopg2_when_both_are_installe
     """What the README and docs/servers/postgresql.md tell a newcomer (issue 37): with both
     drivers installed, the commands' URL takes psycopg 3, but Peewee's own
     ``PostgresqlDatabase``, as a service makes it, takes psycopg2 (Peewee 4 prefers it;
-    Peewee 3.17's knows no other), unless ``prefer_psycopg3=True`` (Peewee 4)."""
+    Peewee 3's knows no other), unless ``prefer_psycopg3=True`` (Peewee 4)."""
     import peewee
 
     bare = dataclasses.replace(PG_URL, options=(), name="postgres")
