@@ -222,6 +222,9 @@ def tls_refused(exc: BaseException) -> str | None:
 
 
 def url_form() -> str:
-    """What a database URL looks like, for an error about one."""
-    forms = [family.url_class.form for family in _registered()]  # type: ignore[attr-defined]
-    return " or ".join(forms)
+    """What a database URL starts with, for an error about its scheme: one short clause
+    (each family's whole form is for an error about the rest of its URL)."""
+    schemes = [f"{scheme}://" for family in _registered()
+               for scheme in family.schemes]  # type: ignore[attr-defined]
+    listed = ", ".join(schemes[:-1]) + f" or {schemes[-1]}" if len(schemes) > 1 else schemes[0]
+    return f"expected {listed}, e.g. mysql://user:password@host:3306/database"

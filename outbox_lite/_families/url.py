@@ -98,7 +98,7 @@ class DatabaseUrl:
         family = family_for_scheme(scheme) if sep else None
         if family is None:
             shown = f" {scheme!r}" if sep and OPTION_NAME_RE.fullmatch(scheme) else ""
-            raise DatabaseUrlError(f"unsupported URL scheme{shown}; {url_form()}")
+            raise DatabaseUrlError(f"unsupported URL scheme{shown}: {url_form()}")
         kind: type[DatabaseUrl] = family.url_class
         return kind._parse(rest)
 
@@ -182,6 +182,13 @@ class DatabaseUrl:
                          for k, v in self.options)
         return f"{self.scheme}://{auth}@{host}:{self.port}/{self.name}" + (
             f"?{query}" if query else "")
+
+    @property
+    def location(self) -> str:
+        """Which server and database: ``scheme://host:port/name``, no user, password or
+        options (for an error that must say where it went)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}/{self.name}"
 
     def secret_text(self) -> str:
         """The URL in full, password included (percent-encoded): for handing to a child
