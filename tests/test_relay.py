@@ -466,12 +466,13 @@ def test_progress_lines_name_the_figures_and_nothing_else(db, repo, caplog, rela
     assert not any('"n"' in line or "job.created" in line for line in lines)
 
 
-def test_the_progress_rate_is_the_last_intervals_not_a_lifetime_average(db, repo, caplog):
+def test_the_progress_rate_is_the_last_intervals_not_a_lifetime_average(db, repo, caplog,
+                                                                         relay_of):
     """A burst of 1,500 events in 1 s, then 99 s idle: the line after the burst says 1500
     events/s, the one after the quiet 0 (the lifetime average would say 15, then 15 again).
     Time is the stats' own clock, moved by hand."""
     now = [1000.0]
-    relay = _relay(repo, Broker())
+    relay = relay_of(repo, Broker())
     relay.stats = RelayStats(clock=lambda: now[0])
     with caplog.at_level(logging.INFO, "outbox_lite.relay"):
         relay.stats.published += 1500
