@@ -411,11 +411,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "_write":
-        url, tag, first, count, per = sys.argv[2:7]
-        print(json.dumps(write(url, tag, int(first), int(count), int(per))), flush=True)
-        return
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--case", type=int, choices=sorted(CASES), action="append",
                    help="which case (repeatable; default: all three)")
@@ -436,7 +432,15 @@ def main() -> None:
     p.add_argument("--logs", default="/var/tmp/outbox-lite-galera-runs",
                    help="the relays' stderr, one folder per run")
     p.add_argument("--json", action="store_true", help="print the rows as JSON too")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_write":
+        url, tag, first, count, per = sys.argv[2:7]
+        print(json.dumps(write(url, tag, int(first), int(count), int(per))), flush=True)
+        return
+    args = parser().parse_args()
     urls = node_urls(args)
     prepare(urls, args.database)
     rows = []
