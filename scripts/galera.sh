@@ -80,6 +80,9 @@ base_port() {
         [[ "$OUTBOX_GALERA_BASE_PORT" =~ ^[0-9]+$ ]] && [ "$OUTBOX_GALERA_BASE_PORT" -ge 1024 ] \
             && [ "$OUTBOX_GALERA_BASE_PORT" -le 65000 ] \
             || fail "bad OUTBOX_GALERA_BASE_PORT: $OUTBOX_GALERA_BASE_PORT"
+        # kept, so that the commands after it (stop, urls, ...) find the same ports
+        [ "$(cat "$ROOT/base-port" 2>/dev/null)" = "$OUTBOX_GALERA_BASE_PORT" ] \
+            || echo "$OUTBOX_GALERA_BASE_PORT" >"$ROOT/base-port"
         echo "$OUTBOX_GALERA_BASE_PORT"
         return
     fi
@@ -219,15 +222,21 @@ launch() {
     echo "$pid" >"$(pidfile "$i")"
 }
 
-# After a clean stop the last node down says safe_to_bootstrap: 1; bootstrap from it, else
-# from node 1 (after a crash of every node: its data is as recent as the others' in the
-# tests' use, which stops the cluster with `stop`).
+# After a clean stop the last node down says safe_to_bootstrap: 1: bootstrap from it. Else
+# (nodes killed, or stopped while a killed one was still counted) from the node whose
+# grastate.dat has the highest seqno, node 1 when none has one (every node crashed: -1).
 bootstrap_node() {
-    local n=$1 i
+    local n=$1 i seqno best=1 best_seqno=-1 state
     for i in $(seq 1 "$n"); do
-        grep -qs '^safe_to_bootstrap: 1' "$(node_dir "$i")/data/grastate.dat" && { echo "$i"; return; }
+        state="$(node_dir "$i")/data/grastate.dat"
+        grep -qs '^safe_to_bootstrap: 1' "$state" && { echo "$i"; return; }
+        seqno="$(sed -n 's/^seqno: *//p' "$state" 2>/dev/null)"
+        if [[ "$seqno" =~ ^[0-9]+$ ]] && [ "$seqno" -gt "$best_seqno" ]; then
+            best=$i
+            best_seqno=$seqno
+        fi
     done
-    echo 1
+    echo "$best"
 }
 
 urls() {
