@@ -26,6 +26,9 @@
 #
 # root@127.0.0.1 and root@localhost have no password (TCP logins). The nodes run as the user
 # mysql: rsync SST's daemon on a joiner drops to nobody and cannot enter a root-owned datadir.
+# Conflicts go to each node's error.log: wsrep_log_conflicts=ON logs the aborts by a replicated
+# transaction ("cluster conflict due to high priority abort"); the provider's
+# cert.log_conflicts=YES the COMMITs refused by certification ("trx conflict for key").
 # Needs root (apt-get for galera-4 and rsync when missing, and to start mariadbd as mysql).
 set -euo pipefail
 
@@ -154,7 +157,7 @@ wsrep_cluster_address=gcomm://$address
 wsrep_node_name=node$i
 wsrep_node_address=127.0.0.1:$gport
 wsrep_node_incoming_address=127.0.0.1:$port
-wsrep_provider_options="base_host=127.0.0.1;base_port=$gport;gmcast.listen_addr=tcp://127.0.0.1:$gport;ist.recv_addr=127.0.0.1:$(( port + 2 ));gcache.size=64M"
+wsrep_provider_options="base_host=127.0.0.1;base_port=$gport;gmcast.listen_addr=tcp://127.0.0.1:$gport;ist.recv_addr=127.0.0.1:$(( port + 2 ));gcache.size=64M;cert.log_conflicts=YES"
 wsrep_sst_method=rsync
 wsrep_sst_receive_address=127.0.0.1:$(( port + 3 ))
 wsrep_log_conflicts=ON
