@@ -123,6 +123,24 @@ def outbox_counts(url: str) -> dict[str, int]:
     return {status: int(n) for status, n in rows}
 
 
+def conflict_counters(urls: list[str]) -> dict[str, int]:
+    """Galera's own counts, summed over the nodes: COMMITs refused by certification
+    (wsrep_local_cert_failures) and local transactions aborted by a replicated one
+    (wsrep_local_bf_aborts). The relay does not count its conflicts where one can read
+    them, so these are the run's conflict counts (a writer's, a relay's and ours alike)."""
+    total = {"cert_failures": 0, "bf_aborts": 0}
+    for url in urls:
+        db = connect(url, "mysql")
+        db.connect()
+        rows = db.execute_sql("SHOW GLOBAL STATUS WHERE Variable_name IN"
+                              " ('wsrep_local_cert_failures', 'wsrep_local_bf_aborts')").fetchall()
+        db.close()
+        for name, value in rows:
+            key = "cert_failures" if name.lower().endswith("cert_failures") else "bf_aborts"
+            total[key] += int(value)
+    return total
+
+
 def published_ids(url: str) -> set[int]:
     db = connect(url)
     db.connect()
@@ -333,6 +351,7 @@ def run_case(case: int, round_no: int, urls: list[str], args: argparse.Namespace
         return outbox_counts(urls[0]).get("pending", 0)
 
     slots = [Slot(node) for node in relay_nodes]
+    before = conflict_counters(urls)
     started = time.monotonic()
     writers = (start_writers(urls, writer_nodes, tag, args.events, writer_events, 1)
                if writer_events else [])
@@ -348,6 +367,7 @@ def run_case(case: int, round_no: int, urls: list[str], args: argparse.Namespace
     for t in threads:
         t.join()
     seconds = round(time.monotonic() - started, 1)
+    after = conflict_counters(urls)
 
     counts = outbox_counts(urls[0])
     in_db = published_ids(urls[0])
@@ -375,6 +395,8 @@ def run_case(case: int, round_no: int, urls: list[str], args: argparse.Namespace
         "published_not_recorded": len(set(at_publisher) - in_db),
         "relay_published_lines": sum(launch.published for s in slots for launch in s.launches),
         "relay_conflict_lines": sum(launch.conflict_lines for s in slots for launch in s.launches),
+        "cert_failures": after["cert_failures"] - before["cert_failures"],
+        "bf_aborts": after["bf_aborts"] - before["bf_aborts"],
         "seconds": seconds,
     }
 
@@ -383,8 +405,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     out = ["| case | round | relays that died | events written | left unpublished"
            " (pending+processing) | published: DB / publisher / publishes | published twice"
            " | writers' conflicts (LockConflictError / COMMIT 1213) | relay conflict lines"
-           " | seconds |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           " | cluster: cert failures / BF aborts | seconds |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         dead = r["dead"]
         died = f"{len(dead)} of {r['relays']}"
@@ -403,7 +425,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{r['published_twice']:,} | "
             f"{s['lock_conflicts'] + w['lock_conflicts']} / "
             f"{s['commit_refused'] + w['commit_refused']} | {r['relay_conflict_lines']} | "
-            f"{r['seconds']} |")
+            f"{r['cert_failures']} / {r['bf_aborts']} | {r['seconds']} |")
     lines = sorted({d["last_line"] for r in rows for d in r["dead"]})
     if lines:
         out += ["", "Last stderr line of each dead relay (distinct):", ""]
