@@ -16,7 +16,8 @@ under READ COMMITTED, REPEATABLE READ and SERIALIZABLE; ``tests/test_inbox_locks
   ever meets.
 * **An id another open transaction has just inserted** makes the INSERT wait for that
   transaction: False once it commits, True once it rolls back, LockConflictError (1205, 1213)
-  when it takes longer than ``innodb_lock_wait_timeout`` or two waiters deadlock.
+  when it takes longer than ``innodb_lock_wait_timeout`` or two waiters deadlock. (PostgreSQL:
+  55P03 past ``lock_timeout``, which is unlimited by default, or 40P01 on a deadlock.)
 
 No read comes first. A locking read of a missing key (``SELECT … FOR UPDATE``, ``FOR SHARE``,
 ``SKIP LOCKED`` and ``NOWAIT`` alike) takes a gap lock under REPEATABLE READ, and every insert of
@@ -160,7 +161,8 @@ def purge(database: pw.Database, older_than: dt.timedelta | float, *,
     every deleted record would stay locked until the caller's commit, and a key deleted by a
     concurrent purge would leave a gap lock that makes new accepts wait. A record a consumer
     holds (a redelivery answered False in a transaction still open) makes its DELETE wait for
-    that transaction (LockConflictError after ``innodb_lock_wait_timeout``: run it again).
+    that transaction (LockConflictError after ``innodb_lock_wait_timeout`` on MySQL and MariaDB,
+    after ``lock_timeout`` on PostgreSQL, unlimited by default: run it again).
     """
     database = _checks.database(database)
     if database.in_transaction():

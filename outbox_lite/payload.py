@@ -8,9 +8,12 @@ the credential guard's to say (:mod:`outbox_lite._credentials`, which also redac
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import json
 import math
 import re
+import uuid
 from collections.abc import Mapping
 from typing import Any, Collection
 
@@ -152,7 +155,18 @@ def _check(value: Any, trail: list[str | int], level: int,
             raise CredentialInPayloadError(_format_path(trail), "sensitive key")
     else:
         raise PayloadError(f"payload value at {_format_path(trail)} is a "
-                           f"{type(value).__name__}, which is not JSON")
+                           f"{type(value).__name__}, which is not JSON{_instead(value)}")
+
+
+def _instead(value: Any) -> str:
+    """What to send instead of ``value`` (a type JSON has no place for), or ""."""
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return ": send an ISO 8601 string (value.isoformat())"
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return ": send it as a string (str(value))"
+    if isinstance(value, (set, frozenset)):
+        return ": send a list"
+    return ""
 
 
 def _plain_keys(payload: Any) -> bool:

@@ -2,9 +2,10 @@
 
 Every fenced block in README.md and docs/ is preceded by a marker line (a Markdown comment,
 invisible on the site): ``<!-- tested: tests/FILE.py::TEST -->`` when that test runs the block
-as written (with only names substituted: the test's own database, queue, user), or
-``<!-- fragment -->`` when it is not a program on its own (output, a shape of a command, a
-piece of a larger program). tests/test_docs_blocks.py holds every block to that rule.
+as written (with only names substituted: the test's own database, queue, user; a piece of a
+larger program is run with the names it uses given), or ``<!-- fragment -->`` when it is not
+run (output, a shape of a command; never Python). tests/test_docs_blocks.py holds every block
+to that rule.
 
 Where servers differ, a page gives each family's block side by side: in the docs as MkDocs
 Material content tabs (``=== "MySQL / MariaDB"``, ``=== "PostgreSQL"``, the block indented

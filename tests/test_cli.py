@@ -79,6 +79,15 @@ def test_bad_urls_and_servers_give_one_line_and_no_traceback(url, code, words):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_bad_scheme_is_one_short_line_naming_each_scheme_once():
+    """Issue 37: it was ~400 characters, each family's whole form, saying the same twice."""
+    result = _run("--database-url", "mysq://app:Sup3rSecret@db.example:3306/app")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "outbox-lite migrate: error: unsupported URL scheme 'mysq': expected mysql://,"
+        " postgresql:// or postgres://, e.g. mysql://user:password@host:3306/database\n")
+
+
 def test_help_explains_every_flag():
     result = _run("--help")
     assert result.returncode == 0
@@ -359,7 +368,7 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
             "outbox_lite_migrations: migrate needs SELECT on outbox_lite_migrations to see what"
             " is applied, and CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the"
             " database to apply or roll back migrations; see 'Schema, migrations and grants' "
-            "in the README"], args
+            f"in the README; on {fresh_url.location}"], args
         assert password not in result.stderr
         assert [row["name"] for row in fetch(
             "SELECT name FROM outbox_lite_migrations ORDER BY id")] == sorted(
@@ -414,7 +423,8 @@ def test_rollback_by_a_user_without_rights_on_the_database_is_refused(fresh_url,
             result = _run("--database-url", url, "--rollback")
             assert result.returncode == 1 and result.stdout == ""
             assert result.stderr.strip() == (f"outbox-lite migrate: error: access denied to "
-                                              f"database {name} for user {user}")
+                                              f"database {name} for user {user};"
+                                              f" on {DatabaseUrl.parse(url).location}")
     else:
         # PostgreSQL lets every role connect to every database (CONNECT is PUBLIC's) and
         # shows every role which exist: the history it may not read is named, and a

@@ -107,7 +107,69 @@ def test_the_hint_stays_bare_when_the_url_comes_from_the_environment(fresh_url):
     result = _cli("stats", env={"OUTBOX_DATABASE_URL": fresh_url.secret_text()})
     assert result.returncode == 1
     assert result.stderr == (f"outbox-lite stats: error: database {fresh_url.name} does not"
-                             " exist (run: outbox-lite migrate)\n")
+                             f" exist (run: outbox-lite migrate); on {fresh_url.location}"
+                             " (from OUTBOX_DATABASE_URL)\n")
+
+
+# ---------------------------------------------------------------------------
+# A forgotten URL (issue 37): the line names the server it went to, and says it was the default
+# ---------------------------------------------------------------------------
+
+DEFAULT = "(the default: no --database-url or OUTBOX_DATABASE_URL given)"
+
+
+def test_without_a_url_the_line_names_the_default_server(fresh_url, monkeypatch, capsys):
+    """The default URL made one that names the test server's missing database, so the line
+    is exact on every server: where it went, that it was the default, no password."""
+    from outbox_lite.cli import _args
+
+    monkeypatch.delenv("OUTBOX_DATABASE_URL", raising=False)
+    monkeypatch.setattr(_args, "DEFAULT_URL", fresh_url.secret_text())
+    assert main(["stats"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"outbox-lite stats: error: database {fresh_url.name} does not exist"
+                   f" (run: outbox-lite migrate); on {fresh_url.location} {DEFAULT}\n")
+    assert f"{fresh_url.host}:{fresh_url.port}/{fresh_url.name}" in fresh_url.location
+    assert "@" not in err and (not fresh_url.password or fresh_url.password not in err)
+    assert not fresh_url.exists()
+
+
+def _default_server_says() -> str:
+    """What the real default URL, mysql://root@127.0.0.1:3306/outbox_lite, finds, asked
+    directly: whatever the test server is (CI's PostgreSQL job has the default still MySQL
+    on 3306, which may not run there), the command must say the same."""
+    import pymysql
+
+    try:
+        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", connect_timeout=5)
+    except pymysql.err.OperationalError as exc:
+        return ("cannot reach the MySQL server at 127.0.0.1:3306" if exc.args[0] == 2003
+                else f"errno {exc.args[0]}")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW DATABASES LIKE 'outbox\\_lite'")
+            if cur.fetchone() is None:
+                return "database outbox_lite does not exist (run: outbox-lite migrate)"
+            cur.execute("SELECT 1 FROM information_schema.tables WHERE"
+                        " table_schema = 'outbox_lite' AND table_name = 'outbox_event'")
+            if cur.fetchone() is None:
+                return "table outbox_event is missing in outbox_lite (run: outbox-lite migrate)"
+            return ""  # migrated there: stats works, there is no error to read
+    finally:
+        conn.close()
+
+
+def test_a_forgotten_url_says_the_command_went_to_the_default_server():
+    """Issue 37: with OUTBOX_DATABASE_URL forgotten, `stats` said only "database outbox_lite
+    does not exist", about MySQL on 3306, while the user's database was on PostgreSQL."""
+    expected = _default_server_says()
+    result = _cli("stats")  # no --database-url, OUTBOX_DATABASE_URL removed
+    if not expected:
+        assert result.returncode == 0, result.stderr
+        return
+    assert result.returncode == 1
+    assert result.stderr == (f"outbox-lite stats: error: {expected};"
+                             f" on mysql://127.0.0.1:3306/outbox_lite {DEFAULT}\n")
 
 
 # ---------------------------------------------------------------------------

@@ -257,7 +257,7 @@ def test_cli_refuses_an_existing_contention_database_in_one_line(capsys):
         assert err.strip() == (
             f"outbox-lite contention: error: database {target.name} exists already and the suite would "
             "replace it: drop it yourself, or pass --force to let the suite drop and "
-            "re-create it")
+            f"re-create it; on {target.location}")
         assert _tables(target) == ["precious"]
         assert main([*args, "--force"]) == 0
         assert json.loads(capsys.readouterr().out)["ok"] is True

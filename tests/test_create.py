@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import json
 import threading
 import time
@@ -227,7 +228,11 @@ def test_bad_fields_are_refused_before_any_sql(db, repo, fetch, field, value):
 BAD_PAYLOADS = [
     ("a string", "JSON object"), (42, "JSON object"), (None, "JSON object"),
     ({"x": float("nan")}, "non-finite"), ([float("inf")], "non-finite"),
-    ({"when": dt.datetime(2026, 1, 1)}, "datetime"), ({"s": {1, 2}}, "set"),
+    ({"when": dt.datetime(2026, 1, 1)},
+     "$.when is a datetime, which is not JSON: send an ISO 8601 string (value.isoformat())"),
+    ({"on": [dt.date(2026, 1, 1)]}, "$.on[0] is a date, which is not JSON: send an ISO 8601"),
+    ({"total": decimal.Decimal("19.90")}, "is a Decimal, which is not JSON: send it as a string"),
+    ({"s": {1, 2}}, "is a set, which is not JSON: send a list"),
     ({1: "int key"}, "keys must be strings"), ({"x": b"bytes"}, "bytes"),
     ({"blob": "x" * (1024 * 1024)}, "limit"),
 ]

@@ -4,14 +4,19 @@ names this file and its test in the marker above it (see tests/_docs.py)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import peewee
+
 from outbox_lite import OutboxRepository
+from outbox_lite.relay import Relay
 
 from _docs import CONNECT, URLS, block, connect, family_blocks
 from _helpers import FAMILY
@@ -201,3 +206,101 @@ def test_the_nats_relay_line_runs_on_a_fresh_server(db, db_url, fetch, tmp_path)
             target.delete()
         except Exception:  # never created: the refusal's assertion failed first
             pass
+
+
+# ---------------------------------------------------------------------------
+# The pieces of programs (producing.md, envelope.md, relay.md): each run on the test server
+# with the names it uses given, and what it wrote checked (issue 37: producing.md's piece
+# used lastrowid, 0 on PostgreSQL, and no test ran it on any server)
+# ---------------------------------------------------------------------------
+
+ORDERS = {"mysql": "CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+                   " item VARCHAR(64) NOT NULL)",
+          "postgresql": "CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, item VARCHAR(64) NOT NULL)"}
+
+
+class _Message:
+    """What pika hands a consumer's callback: channel, method, properties, body."""
+
+    def __init__(self, headers, message_id=None, content_type="application/json"):
+        self.headers, self.message_id, self.content_type = headers, message_id, content_type
+        self.delivery_tag, self.acked = 1, []
+
+    def basic_ack(self, tag):
+        self.acked.append(tag)
+
+
+class _Nothing:
+    def publish(self, events):
+        return {}
+
+    def close(self):
+        pass
+
+
+def _run_piece(code: str, page: str, **names):
+    namespace = {"dt": dt, "json": json, "peewee": peewee, **names}
+    exec(compile(code, page, "exec"), namespace)
+    return namespace
+
+
+def test_the_python_pieces_run_on_the_test_server(db, db_url, fetch, capsys):
+    from outbox_lite.publishers import DEFAULT_CLOUDEVENTS_SOURCE, cloudevent_attributes
+    from outbox_lite.publishers.rabbitmq import CLOUDEVENTS_PREFIX
+
+    outbox = OutboxRepository(db)
+    db.execute_sql(ORDERS[FAMILY.name])
+    try:
+        # producing.md: the business row's id is the event's aggregate, twice over
+        piece = block("docs/guides/producing.md", "orders.insert(", lang="python")
+        for _ in range(2):
+            _run_piece(piece, "producing.md", db=db, outbox=outbox)
+        orders = fetch("SELECT id FROM orders ORDER BY id")
+        assert len(orders) == 2 and all(row["id"] > 0 for row in orders), orders
+        written = fetch("SELECT aggregate_id, dedupe_key, payload FROM outbox_event ORDER BY id")
+        assert [(w["aggregate_id"], w["dedupe_key"], json.loads(w["payload"])) for w in written] \
+            == [(str(o["id"]), f"order.placed:{o['id']}", {"order_id": o["id"]}) for o in orders]
+        fetch("DELETE FROM outbox_event")
+
+        # envelope.md: headers and a deadline on an event
+        now = dt.datetime.now(dt.timezone.utc)
+        _run_piece(block("docs/guides/envelope.md", "headers={", lang="python"), "envelope.md",
+                   db=db, repo=outbox, request_id="req-7", now=now)
+        [event] = outbox.find_dispatchable()
+        assert (event.aggregate_id, event.headers) == ("42", {"x-request-id": "req-7",
+                                                              "tenant": "acme"})
+        assert abs(event.expires_at - (now + dt.timedelta(minutes=15))) < dt.timedelta(seconds=1)
+
+        # envelope.md: a traced consumer applies a message once, acking each delivery
+        applied = []
+        consumer = _run_piece(block("docs/guides/envelope.md", "tracing.consume(", lang="python"),
+                              "envelope.md", db=db, apply=applied.append)
+        for _ in range(2):
+            message = _Message({}, message_id="outbox-order.paid%3A42")
+            consumer["on_message"](message, message, message, b'{"order_id": 42}')
+            assert message.acked == [1]
+        assert applied == [{"order_id": 42}]
+        assert fetch("SELECT consumer, message_id FROM inbox_message") == [
+            {"consumer": "billing", "message_id": "outbox-order.paid%3A42"}]
+
+        # envelope.md: a CloudEvents consumer reads the attributes the publisher sends
+        attributes = cloudevent_attributes(event, DEFAULT_CLOUDEVENTS_SOURCE)
+        headers = {f"{CLOUDEVENTS_PREFIX}{name}": value for name, value in attributes.items()}
+        reader = _run_piece(block("docs/guides/envelope.md", "from_binary(", lang="python"),
+                            "envelope.md")
+        capsys.readouterr()
+        message = _Message(headers)
+        reader["on_message"](message, message, message, b'{"order_id": 42, "total": "19.90"}')
+        assert capsys.readouterr().out == (
+            f"order.paid order/42 {event.created_at} {{'order_id': 42, 'total': '19.90'}}\n")
+        assert message.acked == [1]
+
+        # relay.md: the service's repository and a relay waking through Redis
+        stop = threading.Event()
+        stop.set()
+        woken = _run_piece(block("docs/guides/relay.md", 'wake="redis://', lang="python"),
+                           "relay.md", db=db, OutboxRepository=OutboxRepository, Relay=Relay,
+                           publisher=_Nothing(), stop=stop)
+        assert woken["outbox"].wake is not None
+    finally:
+        db.execute_sql("DROP TABLE orders")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import threading
+import time
 
 import peewee as pw
 import pytest
@@ -279,6 +281,77 @@ def test_a_conflict_with_a_locked_record_is_a_lock_conflict_error(db, db_url, in
         assert info.value.errno == FAMILY.LOCK_WAIT and info.value.retryable
     other.close()
     assert [r["message_id"] for r in _records(fetch)] == ["m-1"]
+
+
+#: How a consumer bounds its wait for a racing delivery, as docs/guides/consuming.md says:
+#: PostgreSQL's lock_timeout for this transaction only; MySQL's and MariaDB's
+#: innodb_lock_wait_timeout for the session (it has no per-transaction form).
+BOUND_THE_WAIT = {"postgresql": "SET LOCAL lock_timeout = '1s'",
+                  "mysql": "SET SESSION innodb_lock_wait_timeout = 1"}
+#: What each server answers a wait past that bound: SQLSTATE 55P03 (lock_not_available),
+#: MySQL's and MariaDB's error 1205 (lock wait timeout exceeded).
+WAIT_TIMED_OUT = {"postgresql": "55P03", "mysql": 1205}
+
+
+def _race_one_id(db_url, bound: bool, hold: float) -> tuple[float, object]:
+    """A delivery accepted in one session and left uncommitted for ``hold`` seconds (or,
+    ``bound``, until the other is done), while a second session accepts the same id, its wait
+    bounded by BOUND_THE_WAIT or not: how long the second waited and what it got (accept's
+    answer or the error). Threads released together by a Barrier; asserted by the caller."""
+    first, second = db_url.database(), db_url.database()
+    started, second_done = threading.Barrier(2), threading.Event()
+    got: dict[str, object] = {}
+
+    def holder() -> None:
+        try:
+            with first.atomic():
+                got["first"] = Inbox(first, "billing").accept("m-race")
+                started.wait(10)
+                second_done.wait(hold)
+        except BaseException as exc:  # noqa: BLE001 - reported in the main thread
+            got["first"] = exc
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        started.wait(10)  # the first's accept has returned: its record is in, uncommitted
+        began = time.monotonic()
+        try:
+            with second.atomic():
+                if bound:
+                    second.execute_sql(BOUND_THE_WAIT[FAMILY.name])
+                got["second"] = Inbox(second, "billing").accept("m-race")
+        except LockConflictError as exc:
+            got["second"] = exc
+        waited = time.monotonic() - began
+    finally:
+        second_done.set()
+        thread.join(30)
+        first.close()
+        second.close()
+    assert got["first"] is True, got
+    return waited, got["second"]
+
+
+def test_a_racing_accept_waits_as_long_as_the_other_transaction_stays_open(db_url, fetch):
+    """Issue 37, on every server: unbounded (the server's default, 50 s on MySQL and MariaDB,
+    none on PostgreSQL) the second delivery waits exactly while the first transaction is
+    open, then gets False once it commits."""
+    waited, second = _race_one_id(db_url, bound=False, hold=1.5)
+    assert second is False
+    assert 1.0 <= waited < 10, waited
+    assert [r["message_id"] for r in _records(fetch)] == ["m-race"]
+
+
+def test_a_bounded_wait_for_a_racing_accept_ends_in_a_lock_conflict(db_url, fetch):
+    """Issue 37: with lock_timeout (PostgreSQL) or innodb_lock_wait_timeout (MySQL, MariaDB)
+    at 1 s, the second delivery gets LockConflictError after about 1 s while the first still
+    holds its record: 55P03 on PostgreSQL, 1205 on MySQL and MariaDB; the first commits."""
+    waited, second = _race_one_id(db_url, bound=True, hold=30)
+    assert isinstance(second, LockConflictError), second
+    assert second.errno == WAIT_TIMED_OUT[FAMILY.name] and second.retryable
+    assert 0.8 <= waited < 5, waited
+    assert [r["message_id"] for r in _records(fetch)] == ["m-race"]
 
 
 # ---------------------------------------------------------------------------

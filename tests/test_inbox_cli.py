@@ -100,7 +100,7 @@ def test_server_errors_are_one_line_with_exit_1(db_url, capsys):
                  f"{FAMILY.SCHEME}://root@127.0.0.1:1/outbox_x"]) == 1
     assert capsys.readouterr().err == (
         f"outbox-lite inbox purge: error: cannot reach the {FAMILY.SERVER_NAME} server at"
-        " 127.0.0.1:1\n")
+        f" 127.0.0.1:1; on {FAMILY.SCHEME}://127.0.0.1:1/outbox_x\n")
     database = db_url.database()
     assert schema.rollback(database) == "006_headers_and_expiry"
     assert schema.rollback(database) == "005_exact_aggregate_ids"
@@ -139,7 +139,8 @@ def test_the_documented_grants_are_enough_and_a_missing_one_is_named(
     # MySQL's refusal names the privilege; PostgreSQL's only the table.
     lacks = {"mysql": "the DELETE privilege", "postgresql": "a privilege"}[FAMILY.name]
     assert err == (f"outbox-lite inbox purge: error: user {user} lacks {lacks} on table"
-                   " inbox_message: see 'Schema, migrations and grants' in the README\n"), err
+                   " inbox_message: see 'Schema, migrations and grants' in the README;"
+                   f" on {DatabaseUrl.parse(raw).location}\n"), err
     assert password not in err
     grant("DELETE", db_url, "inbox_message", user)
     assert main(["inbox", "purge", "--older-than", "7d", "--database-url", raw]) == 0

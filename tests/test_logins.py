@@ -374,7 +374,9 @@ def _stats_line(url: str) -> str:
     assert result.returncode == 1 and result.stdout == "", result
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
     assert PASSWORD not in result.stderr
-    return result.stderr.strip()
+    line, where = result.stderr.strip().rsplit("; on ", 1)  # the server it went to (issue 37)
+    assert where == DatabaseUrl.parse(url).location, result.stderr
+    return line
 
 
 def _secret_url(server: TLSServer, query: str, host: str = "127.0.0.1") -> str:
@@ -458,7 +460,8 @@ def test_a_server_without_tls_is_named_when_the_url_asks_for_it(tls_server: TLSS
                "postgresql": "sslmode=require or stricter"}[FAMILY.name]
     assert result.returncode == 1 and result.stderr.strip() == (
         f"outbox-lite stats: error: TLS with the {FAMILY.SERVER_NAME} server at {TEST_URL.host}:"
-        f"{TEST_URL.port} failed: the server offers no TLS, and the URL asks for it ({options})")
+        f"{TEST_URL.port} failed: the server offers no TLS, and the URL asks for it ({options});"
+        f" on {DatabaseUrl.parse(url).location}")
 
 
 def test_a_missing_ca_file_is_named_by_its_option(tls_server: TLSServer, tmp_path: Path):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from outbox_lite import InvalidEventError, OutboxRepository
+from outbox_lite._families.url import DatabaseUrl
 from outbox_lite.cli import main
 
 from _servers import password_server
@@ -232,7 +233,8 @@ def test_a_read_only_user_is_refused_changes_never_told_nothing_matched(db_url, 
             lacks = {"mysql": f"the {privilege} privilege", "postgresql": "a privilege"}
             assert result.stderr.strip() == (
                 f"outbox-lite {args[0]}: error: user {user} lacks {lacks[FAMILY.name]} on"
-                " table outbox_event: see 'Schema, migrations and grants' in the README"), args
+                " table outbox_event: see 'Schema, migrations and grants' in the README;"
+                f" on {DatabaseUrl.parse(url).location}"), args
         assert fetch("SELECT id, status, attempt_count FROM outbox_event ORDER BY id") == before
         assert {r["id"]: r["status"] for r in before} == {dead.id: "failed",
                                                           published.id: "published"}
@@ -284,7 +286,7 @@ def test_cli_refuses_wrong_credentials_without_echoing_them(db_url):
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.splitlines() == [
         f"outbox-lite requeue: error: access denied for user {admin.user} (check the user and"
-        " password)"]
+        f" password); on {DatabaseUrl.parse(wrong).location}"]
     assert "Wr0ngPass" not in result.stderr
 
 

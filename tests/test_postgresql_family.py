@@ -70,6 +70,32 @@ def test_the_url_names_the_driver_and_without_it_psycopg_3_is_chosen():
         DatabaseUrl.parse(f"{bare.secret_text()}?driver=pg8000")
 
 
+def test_a_services_own_postgresqldatabase_takes_psycopg2_when_both_are_installed():
+    """What the README and docs/servers/postgresql.md tell a newcomer (issue 37): with both
+    drivers installed, the commands' URL takes psycopg 3, but Peewee's own
+    ``PostgresqlDatabase``, as a service makes it, takes psycopg2 (Peewee 4 prefers it;
+    Peewee 3's knows no other), unless ``prefer_psycopg3=True`` (Peewee 4)."""
+    import peewee
+
+    bare = dataclasses.replace(PG_URL, options=(), name="postgres")
+    made = {"service": peewee.PostgresqlDatabase("postgres", host=bare.host, port=bare.port,
+                                                 user=bare.user, password=bare.password or None),
+            "command": bare.database()}
+    if int(peewee.__version__.split(".")[0]) >= 4:
+        made["service, prefer_psycopg3=True"] = peewee.PostgresqlDatabase(
+            "postgres", host=bare.host, port=bare.port, user=bare.user,
+            password=bare.password or None, prefer_psycopg3=True)
+    drivers = {}
+    for name, database in made.items():
+        try:
+            drivers[name] = type(database.connection()).__module__.split(".")[0]
+        finally:
+            database.close()
+    assert drivers == {"service": "psycopg2", "command": "psycopg",
+                       **({"service, prefer_psycopg3=True": "psycopg"}
+                          if len(made) == 3 else {})}
+
+
 def _event(repo, key=None, n=0, **extra):
     return repo.create_in_transaction(event_type="t", aggregate_type="a", aggregate_id=str(n),
                                       payload={"n": n}, dedupe_key=key, **extra)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from outbox_lite import Backoff, InvalidEventError, OutboxRepository
-from outbox_lite.relay import Relay, default_worker_id
+from outbox_lite.relay import Relay, RelayStats, default_worker_id
 
 from _helpers import FAMILY, capture_sql, seed
 
@@ -464,6 +464,30 @@ def test_progress_lines_name_the_figures_and_nothing_else(db, repo, caplog, rela
     lines = [r.getMessage() for r in caplog.records if r.name == "outbox_lite.relay"]
     assert any("5 published" in line and "events/s" in line for line in lines), lines
     assert not any('"n"' in line or "job.created" in line for line in lines)
+
+
+def test_the_progress_rate_is_the_last_intervals_not_a_lifetime_average(db, repo, caplog,
+                                                                         relay_of):
+    """A burst of 1,500 events in 1 s, then 99 s idle: the line after the burst says 1500
+    events/s, the one after the quiet 0 (the lifetime average would say 15, then 15 again).
+    Time is the stats' own clock, moved by hand."""
+    now = [1000.0]
+    relay = relay_of(repo, Broker())
+    relay.stats = RelayStats(clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, "outbox_lite.relay"):
+        relay.stats.published += 1500
+        now[0] += 1.0
+        relay.log_progress()
+        now[0] += 99.0
+        relay.log_progress()
+        relay.stats.published += 50
+        now[0] += 10.0
+        relay.log_progress()
+    lines = [r.getMessage() for r in caplog.records if r.name == "outbox_lite.relay"]
+    assert [line.split("; ")[1] for line in lines] == [
+        "1500 events/s in the last 1 s", "0 events/s in the last 99 s",
+        "5 events/s in the last 10 s"], lines
+    assert all("1550 published" in line for line in lines[2:]), lines
 
 
 def test_worker_ids_are_unique_and_valid(db, repo):

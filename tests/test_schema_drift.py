@@ -260,7 +260,7 @@ def test_a_hand_made_table_is_refused_with_the_statement_that_repairs_it(
     assert str(again.value) == expected
     ran = _cli(db_url, "stats")
     assert (ran.returncode, ran.stdout) == (1, "")
-    assert ran.stderr == f"outbox-lite stats: error: {expected}\n"
+    assert ran.stderr == f"outbox-lite stats: error: {expected}; on {db_url.location}\n"
     fetch(expected.split("repair: ")[1])  # the repair it names works
     seed(repo, 2)
     with database.atomic():
@@ -345,7 +345,8 @@ def _refused_before_writing(db_url, fetch, expected: str) -> None:
     assert str(again.value) == expected
     database.close()
     ran = _cli(db_url, "stats")
-    assert (ran.returncode, ran.stderr) == (1, f"outbox-lite stats: error: {expected}\n")
+    assert (ran.returncode, ran.stderr) == (
+        1, f"outbox-lite stats: error: {expected}; on {db_url.location}\n")
     assert fetch("SELECT COUNT(*) AS n FROM outbox_event") == [{"n": 0}]
 
 

@@ -321,6 +321,26 @@ def test_a_stop_at_once_near_a_finalizer_says_one_line_and_stops(db, db_url, rep
     assert held == 3 and f"leaves {held} claims held" in err, err
 
 
+@pytest.mark.parametrize("held,said", [
+    (0, ""),
+    (1, "outbox-lite relay w1: leaves 1 claim held, released after the lock timeout (300 s)\n"),
+    (7, "outbox-lite relay w1: leaves 7 claims held, released after the lock timeout (300 s)\n"),
+])
+def test_the_claims_left_are_said_only_when_there_are_some(capsys, held, said):
+    """A relay stopped at once between batches leaves nothing to wait for: no line about
+    claims then (issue 37: "leaves 0 claims held, released after the lock timeout")."""
+    from outbox_lite.cli.relay import _say_left
+
+    class Stopped:
+        worker_id, lock_timeout = "w1", 300.0
+
+        def claims_held(self):
+            return held
+
+    _say_left(Stopped())
+    assert capsys.readouterr().err == said
+
+
 class _CutInsideAtomic:
     """Stops the relay as a second Ctrl-C landing in ``atomic().__enter__`` does: a
     transaction recorded (its BEGIN sent, a row changed) that no ``__exit__`` will end, then

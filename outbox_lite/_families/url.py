@@ -105,7 +105,7 @@ class DatabaseUrl:
         kind = DatabaseUrl.kinds.get(scheme.lower()) if sep else None
         if kind is None:
             shown = f" {scheme!r}" if sep and OPTION_NAME_RE.fullmatch(scheme) else ""
-            raise DatabaseUrlError(f"unsupported URL scheme{shown}; {url_form()}")
+            raise DatabaseUrlError(f"unsupported URL scheme{shown}: {url_form()}")
         return kind._parse(rest)
 
     @classmethod
@@ -188,6 +188,13 @@ class DatabaseUrl:
                          for k, v in self.options)
         return f"{self.scheme}://{auth}@{host}:{self.port}/{self.name}" + (
             f"?{query}" if query else "")
+
+    @property
+    def location(self) -> str:
+        """Which server and database: ``scheme://host:port/name``, no user, password or
+        options (for an error that must say where it went)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}/{self.name}"
 
     def secret_text(self) -> str:
         """The URL in full, password included (percent-encoded): for handing to a child
@@ -272,9 +279,11 @@ class DatabaseUrl:
 
 
 def url_form() -> str:
-    """What a database URL looks like, for an error about one."""
-    forms = dict.fromkeys(kind.form for kind in DatabaseUrl.kinds.values())
-    return " or ".join(forms)
+    """What a database URL starts with, for an error about its scheme: one short clause
+    (each family's whole form is for an error about the rest of its URL)."""
+    schemes = [f"{scheme}://" for scheme in DatabaseUrl.kinds]
+    listed = ", ".join(schemes[:-1]) + f" or {schemes[-1]}" if len(schemes) > 1 else schemes[0]
+    return f"expected {listed}, e.g. mysql://user:password@host:3306/database"
 
 
 def _decode(part: str, what: str, form: str) -> str:

@@ -28,13 +28,14 @@ from .. import __version__, _signals
 from .._db import tls_failure
 from .._families import driver_errors
 from .._families.url import DatabaseExistsError, DatabaseUrl, DatabaseUrlError
-from ..errors import OutboxError
+from ..errors import (ConnectionLostError, DuplicateEventError, IsolationLevelError,
+                      LockConflictError, OutboxError, SchemaError)
 from ..models import HISTORY_TABLE
 from .._credentials import redact
 from . import events, inbox, relay
-from ._args import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, add_database_flag,
-                    SuggestingParser, database_url, naming_the_database, open_database,
-                    parse_positive, suggestion)
+from ._args import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, DatabaseCommandError,
+                    SuggestingParser, add_database_flag, database_url, naming_the_database,
+                    naming_the_server, open_database, parse_positive, suggestion)
 
 __all__ = ["build_parser", "main", "version_line"]
 
@@ -68,6 +69,26 @@ def _describe(exc: BaseException, url: DatabaseUrl | None, command: str) -> str:
     return redact(str(orig) or type(orig).__name__)
 
 
+#: Our errors that are the database's (a broker's, a flag's are not).
+_DATABASE_ERRORS = (DatabaseCommandError, ConnectionLostError, SchemaError, LockConflictError,
+                    DuplicateEventError, IsolationLevelError, DatabaseExistsError)
+
+
+def _about_the_database(exc: BaseException, url: DatabaseUrl) -> bool:
+    """Whether ``exc`` is an error of the command's database (the server, its login, TLS,
+    the URL's files, a missing database or table), whose line must say where it went."""
+    if isinstance(exc, _DATABASE_ERRORS) or isinstance(exc, (pw.PeeweeException,
+                                                               *driver_errors())):
+        return True
+    return isinstance(exc, OSError) and (tls_failure(exc) is not None
+                                         or bool(url.unreadable_files()))
+
+
+def _contention_database(url: DatabaseUrl) -> DatabaseUrl:
+    """The database the contention suite makes (and drops) beside ``url``'s."""
+    return url.with_name(f"{url.name}_contention")
+
+
 # ---------------------------------------------------------------------------
 # The main job: migrate, contention
 # ---------------------------------------------------------------------------
@@ -98,7 +119,7 @@ def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
         if not args.json:
             print(f"... {message}", file=sys.stderr, flush=True)
 
-    target = url.with_name(f"{url.name}_contention")
+    target = _contention_database(url)
     suite = ContentionSuite(target, workers=args.workers, events=args.events,
                             batch_size=args.batch_size, max_attempts=args.max_attempts,
                             keep=args.keep, force=args.force, progress=progress)
@@ -106,7 +127,7 @@ def _cmd_contention(args: argparse.Namespace, url: DatabaseUrl) -> int:
         with _signals.interrupt_on(signal.SIGTERM):  # like Ctrl-C: the suite drops its database
             results = suite.run(args.scenario or _all_scenarios())
     except DatabaseExistsError:
-        raise CommandError(
+        raise DatabaseCommandError(
             f"database {target.name} exists already and the suite would replace it: drop "
             "it yourself, or pass --force to let the suite drop and re-create it") from None
     if args.json:
@@ -293,6 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (interrupt := _signals.interruption(exc)) is not None:
             return _interrupted(args.command, interrupt, exc)
         message = naming_the_database(_describe(exc, url, args.command), args, url)
+        if url is not None and _about_the_database(exc, url):
+            where = _contention_database(url) if args.command == "contention" else url
+            if str(where) not in message:  # not named already by its migrate hint
+                message = naming_the_server(message, args, where)
         print(f"outbox-lite {args.command}: error: {message}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:  # Ctrl-C, or a signal that stops at once (_signals)

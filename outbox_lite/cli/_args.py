@@ -33,6 +33,10 @@ class CommandError(Exception):
     """A failure the command reports in one line."""
 
 
+class DatabaseCommandError(CommandError):
+    """A failure of the command's database (a table missing, say): the line names it."""
+
+
 class UsageError(ValueError):
     """Flags that do not fit together (exit status 2, like argparse's own errors)."""
 
@@ -99,6 +103,19 @@ def suggestion(parser: argparse.ArgumentParser,
 def database_url(args: argparse.Namespace) -> DatabaseUrl:
     raw = args.database_url or os.environ.get("OUTBOX_DATABASE_URL") or DEFAULT_URL
     return DatabaseUrl.parse(raw)
+
+
+def naming_the_server(message: str, args: argparse.Namespace, url: DatabaseUrl) -> str:
+    """``message`` (an error of the database at ``url``) followed by the server and database
+    it went to, and where that URL came from when not from --database-url: without a URL a
+    command goes to the default one, which may not be the server the user meant."""
+    if getattr(args, "database_url", None):
+        source = ""
+    elif os.environ.get("OUTBOX_DATABASE_URL"):
+        source = " (from OUTBOX_DATABASE_URL)"
+    else:
+        source = " (the default: no --database-url or OUTBOX_DATABASE_URL given)"
+    return f"{message}; on {url.location}{source}"
 
 
 _MIGRATE = "outbox-lite migrate"

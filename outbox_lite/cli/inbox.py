@@ -10,7 +10,7 @@ import peewee as pw
 from .. import _checks
 from .._families.url import DatabaseUrl
 from ..errors import OutboxError
-from ._args import (EXIT_OK, Age, CommandError, add_age_flags, add_database_flag,
+from ._args import (EXIT_OK, Age, DatabaseCommandError, add_age_flags, add_database_flag,
                     open_database, parse_positive, plural, say_purged)
 
 
@@ -35,7 +35,7 @@ def _cmd_inbox_purge(args: argparse.Namespace, url: DatabaseUrl) -> int:
                                     batch_size=args.batch_size)
         except pw.ProgrammingError as exc:
             if url.family.missing_table(exc):  # the family's own line names outbox_event
-                raise CommandError(f"table {inbox.TABLE_NAME} is missing in {url.name}"
+                raise DatabaseCommandError(f"table {inbox.TABLE_NAME} is missing in {url.name}"
                                    " (run: outbox-lite migrate)") from None
             raise
     whose = "" if args.consumer is None else f" of consumer {args.consumer}"

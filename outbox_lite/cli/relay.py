@@ -152,12 +152,14 @@ def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
 
 def _say_left(relay: Any) -> None:
     """One line on the claims an interrupted relay leaves held, as the database counts
-    them (or that they could not be counted)."""
+    them (or that they could not be counted); none when it leaves none."""
     try:
         held = relay.claims_held()
     except Exception as exc:  # noqa: BLE001 - the interrupt's exit status still follows
         said = f"its claims could not be counted ({type(exc).__name__})"
     else:
+        if not held:
+            return  # nothing waits for the lock timeout
         said = f"leaves {held} claim{'' if held == 1 else 's'} held"
     print(f"outbox-lite relay {relay.worker_id}: {said}, released after the lock timeout"
           f" ({relay.lock_timeout:g} s)", file=sys.stderr, flush=True)

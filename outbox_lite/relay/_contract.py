@@ -9,7 +9,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 from ..errors import OutboxError
 from ..models import MAX_ERROR_CODE_LENGTH, OutboxEvent
@@ -108,13 +108,31 @@ class RelayStats:
     publish_seconds: float = 0.0
     record_seconds: float = 0.0
     idle_seconds: float = 0.0
-    started: float = field(default_factory=time.monotonic, repr=False)
+    #: The seconds these figures are timed by (``time.monotonic``; a test gives its own).
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    started: float = field(default=-1.0, repr=False)  # -1: ``clock()`` when made
+
+    def __post_init__(self) -> None:
+        if self.started < 0:
+            self.started = self.clock()
+        self._rate_from = (self.started, self.published)
 
     def add(self, result: RoundResult) -> None:
         _accumulate(self, result)
 
     def as_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "started"}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("started", "clock")}
+
+    def recent_rate(self) -> tuple[float, float]:
+        """Events published per second since the last call (the first: since the relay was
+        made), and over how many seconds; the next call counts from now. A burst followed by
+        idle time shows as the idle rate, not as a lifetime average."""
+        now = self.clock()
+        since, published = self._rate_from
+        self._rate_from = (now, self.published)
+        seconds = now - since
+        return (self.published - published) / seconds if seconds > 0 else 0.0, seconds
 
 
 def _accumulate(total: RoundResult | RelayStats, part: RoundResult) -> None:

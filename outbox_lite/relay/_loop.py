@@ -350,16 +350,16 @@ class Relay(Recording, Publishing, Interruption):
 
     def log_progress(self) -> None:
         """Log one line of progress (never a payload or a credential): the totals since the
-        relay was made, the same counts its metrics report."""
+        relay was made, the same counts its metrics report, and the rate of publishing since
+        the previous line (not a lifetime average, which idle time would drag down)."""
         s = self.stats
-        elapsed = max(time.monotonic() - s.started, 1e-9)
+        rate, seconds = s.recent_rate()
         logger.info("relay %s: %d published, %d retried, %d dead, %d lost, %d released,"
-                    " %d publish errors in %d rounds (%d expired; %.0f events/s; seconds in"
-                    " claim %.2f, publish %.2f, record %.2f, idle %.2f)", self.worker_id,
-                    s.published, s.retried, s.dead, s.lost, s.released, s.publish_errors,
-                    s.rounds, s.expired,
-                    s.published / elapsed, s.claim_seconds, s.publish_seconds,
-                    s.record_seconds, s.idle_seconds)
+                    " %d publish errors in %d rounds (%d expired; %.0f events/s in the last"
+                    " %.3g s; seconds in claim %.2f, publish %.2f, record %.2f, idle %.2f)",
+                    self.worker_id, s.published, s.retried, s.dead, s.lost, s.released,
+                    s.publish_errors, s.rounds, s.expired, rate, seconds, s.claim_seconds,
+                    s.publish_seconds, s.record_seconds, s.idle_seconds)
 
     def _pause(self, pause: float, stop: threading.Event | None = None) -> float:
         """The one backoff after a fault: wait ``pause`` seconds (progress, not a hang; cut
