@@ -80,7 +80,9 @@ _SAME_VALUE_WORDS = frozenset({
 #: "JSESSIONID".
 _COMPOUND_ENDINGS = ("password", "passwd", "passphrase", "secret", "token", "apikey",
                      "sessionid", "sessid")
-_WORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+#: A key's words: "b64" and "base64" are one word each (so "password_b64" is a password), then
+#: runs of capitals, capitalised or lower-case words, and numbers.
+_WORD_RE = re.compile(r"(?i:b(?:ase)?64)(?![0-9])|[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
 
 def _key_words(key: str) -> list[str]:

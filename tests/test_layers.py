@@ -39,10 +39,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
 
 #: Imports made only under ``if TYPE_CHECKING:`` (for annotations, never at run time) that
 #: may point back within a layer, each with its reason. Any other such import counts.
-TYPE_ONLY: dict[tuple[str, str], str] = {
-    ("outbox_lite.relay._contract", "outbox_lite.relay._loop"):
-        "Publisher.attach(relay) is annotated with the Relay that _loop defines on the contract",
-}
+TYPE_ONLY: dict[tuple[str, str], str] = {}
 
 
 def modules(package: Path = PACKAGE) -> dict[str, Path]:

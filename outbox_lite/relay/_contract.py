@@ -9,7 +9,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import OutboxError
 from ..models import MAX_ERROR_CODE_LENGTH, OutboxEvent
@@ -17,7 +17,6 @@ from .._credentials import redact
 
 if TYPE_CHECKING:
     from ..repository import OutboxStats
-    from ._loop import Relay
 
 
 class Publisher(Protocol):
@@ -45,7 +44,7 @@ class RelayObserver(Protocol):
     #: :meth:`outbox_stats` while it runs.
     stats_every: float
 
-    def attach(self, relay: Relay) -> None:
+    def attach(self, relay: Any) -> None:
         """``relay`` was made with this observer (one observer may serve several relays)."""
 
     def counted(self, counts: RoundResult, published: Sequence[OutboxEvent],
