@@ -37,7 +37,9 @@ from ._contract import (
     is_observer,
     is_publisher,
 )
+from ._group import RelayGroup, database_name
 from ._loop import Relay
 
-__all__ = ["EventExpiredError", "Publisher", "Relay", "RelayObserver", "RelayStats",
-           "RoundResult", "default_worker_id", "is_observer", "is_publisher"]
+__all__ = ["EventExpiredError", "Publisher", "Relay", "RelayGroup", "RelayObserver",
+           "RelayStats", "RoundResult", "database_name", "default_worker_id", "is_observer",
+           "is_publisher"]
