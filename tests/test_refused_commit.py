@@ -111,6 +111,9 @@ def test_the_relay_outlives_refused_commits_and_records_every_outcome_once(
     assert registry.get_sample_value("outbox_relay_conflicts_total") == 3
     assert registry.get_sample_value("outbox_relay_events_total", {"outcome": "lost"}) == 0
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    with caplog.at_level(logging.INFO, logger="outbox_lite.relay"):
+        relay.log_progress()
+    assert "(0 expired, 3 lock conflicts;" in caplog.records[-1].getMessage()
 
 
 def _sent(error):

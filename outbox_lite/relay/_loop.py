@@ -355,10 +355,12 @@ class Relay(Recording, Publishing, Interruption):
         s = self.stats
         rate, seconds = s.recent_rate()
         logger.info("relay %s: %d published, %d retried, %d dead, %d lost, %d released,"
-                    " %d publish errors in %d rounds (%d expired; %.0f events/s in the last"
-                    " %.3g s; seconds in claim %.2f, publish %.2f, record %.2f, idle %.2f)",
+                    " %d publish errors in %d rounds (%d expired, %d lock conflicts; %.0f"
+                    " events/s in the last %.3g s; seconds in claim %.2f, publish %.2f, record"
+                    " %.2f, idle %.2f)",
                     self.worker_id, s.published, s.retried, s.dead, s.lost, s.released,
-                    s.publish_errors, s.rounds, s.expired, rate, seconds, s.claim_seconds,
+                    s.publish_errors, s.rounds, s.expired, s.lock_conflicts, rate, seconds,
+                    s.claim_seconds,
                     s.publish_seconds, s.record_seconds, s.idle_seconds)
 
     def _pause(self, pause: float, stop: threading.Event | None = None) -> float:
