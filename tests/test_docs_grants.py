@@ -168,10 +168,12 @@ def test_the_grants_page_runs_as_written():
         # A user with no privilege on the database (on PostgreSQL: no CONNECT, which the
         # page's REVOKE keeps from PUBLIC) is refused at the door, in one line.
         create_login(nobody, "nobody-secret")
-        door = _cli("stats", "--database-url", _as(nobody, "nobody-secret", name))
+        door_url = _as(nobody, "nobody-secret", name)
+        door = _cli("stats", "--database-url", door_url)
         assert door.returncode == 1 and door.stdout == ""
         assert door.stderr == (f"outbox-lite stats: error: access denied to database {name}"
-                               f" for user {nobody}\n")
+                               f" for user {nobody}; on {DatabaseUrl.parse(door_url).location}"
+                               "\n")
     finally:
         _drop(target, migrator, app, nobody)
         target.drop_database()
