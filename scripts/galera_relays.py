@@ -138,6 +138,16 @@ def conflict_counters(urls: list[str]) -> dict[str, int]:
         for name, value in rows:
             key = "cert_failures" if name.lower().endswith("cert_failures") else "bf_aborts"
             total[key] += int(value)
+        try:  # Group Replication: the transactions this member's certification refused
+            db.connect()
+            row = db.execute_sql(
+                "SELECT COUNT_CONFLICTS_DETECTED FROM performance_schema."
+                "replication_group_member_stats WHERE MEMBER_ID = @@server_uuid").fetchone()
+            total["cert_failures"] += int(row[0]) if row else 0
+        except Exception:  # noqa: BLE001 - not a Group Replication member
+            pass
+        finally:
+            db.close()
     return total
 
 
