@@ -1,0 +1,268 @@
+"""Several hosts in one URL (SPEC §12), on the test server of every family: the database a
+URL listing ``host1:port1,host2:port2`` makes connects to the first host that answers and can
+take writes; a host that answers but cannot take writes is the wrong host, which the relay
+survives (moving on to the next host, or, with one host, waiting and saying so).
+
+The server that refuses writes is a private one this module starts (tests/_servers.py) on a
+free port and stops by its pid: MySQL and MariaDB with ``SET GLOBAL read_only = ON`` (the
+server's own setting, never set on the shared servers), PostgreSQL with ``ALTER SYSTEM SET
+default_transaction_read_only = on`` (libpq's ``target_session_attrs=read-write`` refuses it
+as it refuses a standby in recovery; the real standby is the cluster suite's,
+tests/cluster/test_postgres_failover.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import threading
+import time
+from typing import Any, Iterator, Mapping, Sequence
+
+import pytest
+
+from outbox_lite import OutboxRepository
+from outbox_lite import migrate as schema
+from outbox_lite._families.url import DatabaseUrl
+from outbox_lite.errors import WrongHostError
+from outbox_lite.relay import Relay
+
+from _helpers import FAMILY, new_event, seed
+from _servers import own_server
+
+
+def _dead_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _listing(url: DatabaseUrl, *hosts: tuple[str, int], **options: Any) -> DatabaseUrl:
+    """``url`` (its user, database and options) over ``hosts`` in that order."""
+    merged = {**dict(url.options), **options}
+    return dataclasses.replace(url, host=hosts[0][0], port=hosts[0][1], hosts=tuple(hosts),
+                               options=tuple(sorted(merged.items())))
+
+
+def _ids(fetch: Any, status: str) -> list[int]:
+    return [row["id"] for row in fetch("SELECT id FROM outbox_event WHERE status = %s"
+                                       " ORDER BY id", status)]
+
+
+class _Collector:
+    """A publisher that takes every event and keeps its id; ``on_first`` runs at the first
+    publish, before it returns."""
+
+    def __init__(self, on_first: Any = None) -> None:
+        self.ids: list[int] = []
+        self.on_first = on_first
+
+    def publish(self, events: Sequence[Any]) -> Mapping[int, BaseException]:
+        if not self.ids and self.on_first is not None:
+            self.on_first()
+        self.ids.extend(event.id for event in events)
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_multi_host_url_round_trips() -> None:
+    url = DatabaseUrl.parse(f"{FAMILY.name}://u:p%40ss@h1:1001,[::1]:1002,h3/db")
+    assert url.hosts == (("h1", 1001), ("::1", 1002), ("h3", url.default_port))
+    assert (url.host, url.port) == ("h1", 1001)
+    assert str(url) == f"{url.scheme}://u:***@h1:1001,[::1]:1002,h3:{url.default_port}/db"
+    assert DatabaseUrl.parse(url.secret_text()) == url
+    assert DatabaseUrl.parse(f"{FAMILY.name}://u@h1:1001/db").hosts == ()
+
+
+def test_unreachable_first_host_is_passed_over(db_url: DatabaseUrl, fetch: Any) -> None:
+    url = _listing(db_url, ("127.0.0.1", _dead_port()), (db_url.host, db_url.port))
+    database = url.database()
+    try:
+        event = new_event(OutboxRepository(database), 1)
+    finally:
+        database.close()
+    assert _ids(fetch, "pending") == [event.id]  # on the test server, the second host
+
+
+# ---------------------------------------------------------------------------
+# A server that answers but cannot take writes
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def read_only_server() -> Iterator[DatabaseUrl]:
+    """A private server of the test server's kind that refuses writes (a server-wide setting
+    made as the server runs: ALTER SYSTEM's, which a start's ``-c`` would override)."""
+    with own_server() as url:
+        _set_writable(url, False)
+        yield url
+
+
+def _writable_session(url: DatabaseUrl) -> Any:
+    """A database on ``url`` whose sessions may write (the administrator's: MySQL's root is
+    not held by read_only; PostgreSQL's session overrides default_transaction_read_only)."""
+    if FAMILY.name == "postgresql":
+        return url.database(options="-c default_transaction_read_only=off")
+    return url.database()
+
+
+def _set_writable(url: DatabaseUrl, writable: bool) -> None:
+    database = _writable_session(url.with_name("postgres" if FAMILY.name == "postgresql"
+                                               else "mysql"))
+    try:
+        if FAMILY.name == "postgresql":
+            database.execute_sql("ALTER SYSTEM SET default_transaction_read_only = "
+                                 + ("off" if writable else "on"))
+            database.execute_sql("SELECT pg_reload_conf()")
+        else:
+            database.execute_sql(f"SET GLOBAL read_only = {'OFF' if writable else 'ON'}")
+    finally:
+        database.close()
+
+
+def _private_database(server: DatabaseUrl, name: str) -> DatabaseUrl:
+    """Database ``name`` on the private server, migrated (by a session that may write)."""
+    url = server.with_name(name)
+    if FAMILY.name == "postgresql":
+        admin = _writable_session(server.with_name("postgres"))
+        try:
+            admin.execute_sql(url.DROP_SQL.format(name=name))
+            admin.execute_sql(url.CREATE_SQL.format(name=name))
+        finally:
+            admin.close()
+    else:
+        url.drop_database()
+        url.create_database()
+    database = _writable_session(url)
+    try:
+        schema.migrate(database)
+    finally:
+        database.close()
+    return url
+
+
+def test_read_only_first_host_is_passed_over(read_only_server: DatabaseUrl, db_url: DatabaseUrl,
+                                             fetch: Any) -> None:
+    private = _private_database(read_only_server, db_url.name)
+    url = _listing(db_url, (private.host, private.port), (db_url.host, db_url.port))
+    database = url.database()
+    try:
+        event = new_event(OutboxRepository(database), 1)
+    finally:
+        database.close()
+    assert _ids(fetch, "pending") == [event.id]  # on the test server, the second host
+    check = _writable_session(private)
+    try:
+        assert check.execute_sql("SELECT COUNT(*) FROM outbox_event").fetchone()[0] == 0
+    finally:
+        check.close()
+
+
+def _app_url(server: DatabaseUrl, name: str) -> DatabaseUrl:
+    """An account that read_only holds (MySQL's and MariaDB's root is not held by it; on
+    PostgreSQL the setting holds every session)."""
+    if FAMILY.name == "postgresql":
+        return server.with_name(name)
+    admin = server.with_name("mysql").database()
+    try:
+        admin.execute_sql("CREATE USER IF NOT EXISTS 'outbox_app'@'127.0.0.1'")
+        admin.execute_sql(f"GRANT ALL ON `{name}`.* TO 'outbox_app'@'127.0.0.1'")
+    finally:
+        admin.close()
+    return dataclasses.replace(server.with_name(name), user="outbox_app")
+
+
+def test_relay_on_one_read_only_host_waits_says_so_and_goes_on(
+        read_only_server: DatabaseUrl, db_url: DatabaseUrl,
+        caplog: pytest.LogCaptureFixture) -> None:
+    private = _private_database(read_only_server, db_url.name)
+    writer = _writable_session(private)
+    try:
+        event = new_event(OutboxRepository(writer), 1)
+    finally:
+        writer.close()
+    database = _app_url(read_only_server, db_url.name).database()
+    publisher = _Collector()
+    relay = Relay(OutboxRepository(database), publisher, worker_id="relay-ro",
+                  progress_every=0, reconnect_pause=0.05, max_reconnect_pause=0.2)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            relay.run(stop)
+        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
+            failures.append(exc)
+
+    caplog.set_level(logging.WARNING, logger="outbox_lite")
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "cannot take writes" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "the URL names this one host only: wait" in caplog.text
+        assert publisher.ids == [] and thread.is_alive()
+        _set_writable(read_only_server, True)
+        while publisher.ids != [event.id] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while relay.stats.published < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(30)
+        database.close()
+        _set_writable(read_only_server, False)
+    assert failures == [] and not thread.is_alive()
+    assert publisher.ids == [event.id]
+    check = _writable_session(private)
+    try:
+        assert list(check.execute_sql("SELECT status FROM outbox_event").fetchall()) == [
+            ("published",)]
+    finally:
+        check.close()
+
+
+def test_write_to_one_read_only_host_is_the_wrong_host(read_only_server: DatabaseUrl,
+                                                       db_url: DatabaseUrl) -> None:
+    _private_database(read_only_server, db_url.name)
+    database = _app_url(read_only_server, db_url.name).database()
+    try:
+        with pytest.raises(WrongHostError, match="cannot take writes"):
+            new_event(OutboxRepository(database), 1)
+    finally:
+        database.close()
+
+
+# ---------------------------------------------------------------------------
+# The relay's host lost: it goes on on the next one
+# ---------------------------------------------------------------------------
+
+def test_relay_goes_on_on_the_next_host_when_its_host_is_lost(
+        db_url: DatabaseUrl, proxy: Any, fetch: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Host 1 is a proxy to the test server that is closed (listener and every connection)
+    during the relay's first publish; host 2 is the server itself. The relay's record meets
+    the dead connection, reconnects to host 2 and records there; nothing is published twice."""
+    url = _listing(db_url, ("127.0.0.1", proxy.port), (db_url.host, db_url.port),
+                   **FAMILY.PLAIN_TEXT)
+    writer = db_url.database()
+    try:
+        ids = seed(OutboxRepository(writer), 250)
+    finally:
+        writer.close()
+    database = url.database()
+    publisher = _Collector(on_first=proxy.close)
+    relay = Relay(OutboxRepository(database), publisher, worker_id="relay-multi",
+                  batch_size=50, progress_every=0, reconnect_pause=0.05)
+    caplog.set_level(logging.WARNING, logger="outbox_lite")
+    try:
+        relay.run(until_empty=True)
+    finally:
+        database.close()
+    assert sorted(publisher.ids) == ids  # each once
+    assert _ids(fetch, "published") == ids
+    assert relay.stats.reconnects >= 1
+    assert "lost the database connection" in caplog.text
