@@ -78,14 +78,19 @@ def test_multi_host_url_round_trips() -> None:
     assert DatabaseUrl.parse(f"{FAMILY.name}://u@h1:1001/db").hosts == ()
 
 
-def test_unreachable_first_host_is_passed_over(db_url: DatabaseUrl, fetch: Any) -> None:
-    url = _listing(db_url, ("127.0.0.1", _dead_port()), (db_url.host, db_url.port))
-    database = url.database()
+def _write_through(db_url: DatabaseUrl, first: tuple[str, int], fetch: Any) -> None:
+    """Write an event through a URL listing ``first``, then the test server: it lands on the
+    test server."""
+    database = _listing(db_url, first, (db_url.host, db_url.port)).database()
     try:
         event = new_event(OutboxRepository(database), 1)
     finally:
         database.close()
-    assert _ids(fetch, "pending") == [event.id]  # on the test server, the second host
+    assert _ids(fetch, "pending") == [event.id]
+
+
+def test_unreachable_first_host_is_passed_over(db_url: DatabaseUrl, fetch: Any) -> None:
+    _write_through(db_url, ("127.0.0.1", _dead_port()), fetch)
 
 
 # ---------------------------------------------------------------------------
@@ -147,13 +152,7 @@ def _private_database(server: DatabaseUrl, name: str) -> DatabaseUrl:
 def test_read_only_first_host_is_passed_over(read_only_server: DatabaseUrl, db_url: DatabaseUrl,
                                              fetch: Any) -> None:
     private = _private_database(read_only_server, db_url.name)
-    url = _listing(db_url, (private.host, private.port), (db_url.host, db_url.port))
-    database = url.database()
-    try:
-        event = new_event(OutboxRepository(database), 1)
-    finally:
-        database.close()
-    assert _ids(fetch, "pending") == [event.id]  # on the test server, the second host
+    _write_through(db_url, (private.host, private.port), fetch)
     check = _writable_session(private)
     try:
         assert check.execute_sql("SELECT COUNT(*) FROM outbox_event").fetchone()[0] == 0
