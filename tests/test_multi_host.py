@@ -28,6 +28,7 @@ from outbox_lite._families.url import DatabaseUrl
 from outbox_lite.errors import WrongHostError
 from outbox_lite.relay import Relay
 
+from _docs import block
 from _helpers import FAMILY, new_event, seed
 from _servers import own_server
 
@@ -76,6 +77,17 @@ def test_multi_host_url_round_trips() -> None:
     assert str(url) == f"{url.scheme}://u:***@h1:1001,[::1]:1002,h3:{url.default_port}/db"
     assert DatabaseUrl.parse(url.secret_text()) == url
     assert DatabaseUrl.parse(f"{FAMILY.name}://u@h1:1001/db").hosts == ()
+
+
+def test_the_clusters_page_urls() -> None:
+    """docs/servers/clusters.md's URLs read as several hosts each, in their order."""
+    text = block("docs/servers/clusters.md", "node1:3306", lang="text")
+    mysql_url, pg_url = (DatabaseUrl.parse(line) for line in text.split())
+    assert mysql_url.hosts == (("node1", 3306), ("node2", 3306), ("node3", 3306))
+    assert pg_url.hosts == (("primary", 5432), ("standby", 5432))
+    assert dict(pg_url._params())["target_session_attrs"] == "read-write"
+    assert (pg_url._params()["host"], pg_url._params()["port"]) == ("primary,standby",
+                                                                    "5432,5432")
 
 
 def _write_through(db_url: DatabaseUrl, first: tuple[str, int], fetch: Any) -> None:
