@@ -29,7 +29,7 @@ from outbox_lite.errors import WrongHostError
 from outbox_lite.relay import Relay
 
 from _docs import block
-from _helpers import FAMILY, new_event, seed
+from _helpers import FAMILY, as_admin, login_name, new_event, seed
 from _servers import own_server
 
 
@@ -172,18 +172,25 @@ def test_read_only_first_host_is_passed_over(read_only_server: DatabaseUrl, db_u
         check.close()
 
 
+_APP, _APP_PASSWORD = "outbox_mover", "Mover-pass-7"
+
+
 def _app_url(server: DatabaseUrl, name: str) -> DatabaseUrl:
-    """An account that read_only holds (MySQL's and MariaDB's root is not held by it; on
-    PostgreSQL the setting holds every session)."""
+    """``server``'s database ``name`` as an account that read_only holds (MySQL's and
+    MariaDB's root is not held by it; on PostgreSQL the setting holds every session): made on
+    ``server`` with every privilege on that database (dropped with the server, or by
+    :func:`_drop_app` on the shared test server)."""
     if FAMILY.name == "postgresql":
         return server.with_name(name)
-    admin = server.with_name("mysql").database()
-    try:
-        admin.execute_sql("CREATE USER IF NOT EXISTS 'outbox_app'@'127.0.0.1'")
-        admin.execute_sql(f"GRANT ALL ON `{name}`.* TO 'outbox_app'@'127.0.0.1'")
-    finally:
-        admin.close()
-    return dataclasses.replace(server.with_name(name), user="outbox_app")
+    as_admin(server, f"DROP USER IF EXISTS {login_name(_APP)}")
+    as_admin(server, f"CREATE USER {login_name(_APP)} IDENTIFIED BY %s", _APP_PASSWORD)
+    as_admin(server, f"GRANT ALL ON `{name}`.* TO {login_name(_APP)}")
+    return dataclasses.replace(server.with_name(name), user=_APP, password=_APP_PASSWORD)
+
+
+def _drop_app() -> None:
+    if FAMILY.name == "mysql":
+        as_admin(None, f"DROP USER IF EXISTS {login_name(_APP)}")
 
 
 def test_relay_on_one_read_only_host_waits_says_so_and_goes_on(
@@ -277,3 +284,65 @@ def test_relay_goes_on_on_the_next_host_when_its_host_is_lost(
     assert _ids(fetch, "published") == ids
     assert relay.stats.reconnects >= 1
     assert "lost the database connection" in caplog.text
+
+
+def test_relay_moves_on_when_its_host_stops_taking_writes(
+        read_only_server: DatabaseUrl, db_url: DatabaseUrl, fetch: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The relay runs on host 1 (the private server, writable, its outbox empty) until host 1
+    turns read-only and receives the events as a replica would (written by a session read_only
+    does not hold): the relay's claim there is refused (MySQL's UPDATE 1290; PostgreSQL's
+    SELECT … FOR UPDATE 25006), and the relay reconnects, passes host 1 over and drains host
+    2's outbox, the same events. (An idle relay on MySQL notices only at its next write: a
+    locking read with nothing to claim is allowed on a read-only server.)"""
+    private = _private_database(read_only_server, db_url.name)
+    first = _app_url(read_only_server, db_url.name)
+    second = _app_url(db_url, db_url.name)
+    url = _listing(second, (private.host, private.port), (db_url.host, db_url.port))
+    writer = db_url.database()
+    try:
+        ids = seed(OutboxRepository(writer), 30)
+    finally:
+        writer.close()
+    _set_writable(read_only_server, True)
+    database = url.database()
+    publisher = _Collector()
+    relay = Relay(OutboxRepository(database), publisher, worker_id="relay-mover",
+                  batch_size=10, progress_every=0, reconnect_pause=0.05,
+                  max_reconnect_pause=0.2)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            relay.run(stop)
+        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
+            failures.append(exc)
+
+    caplog.set_level(logging.WARNING, logger="outbox_lite")
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while relay.stats.rounds < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert publisher.ids == [] and first.user == second.user  # on host 1: nothing there
+        _set_writable(read_only_server, False)
+        replica = _writable_session(private)
+        try:
+            assert seed(OutboxRepository(replica), 30) == ids
+        finally:
+            replica.close()
+        while sorted(publisher.ids) != ids and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(30)
+        database.close()
+        _set_writable(read_only_server, False)
+        _drop_app()
+    assert failures == [] and not thread.is_alive()
+    assert sorted(publisher.ids) == ids  # each once, from host 2
+    assert _ids(fetch, "published") == ids
+    assert "cannot take writes" in caplog.text
+    assert "the next connection goes to the first host of the URL that can" in caplog.text

@@ -110,10 +110,8 @@ def not_writable(conn: Any) -> str | None:
     if state is None:
         return None
     state = state.decode() if isinstance(state, bytes) else str(state)
-    if mariadb and state != "Synced":
+    if state != "Synced":
         return f"the Galera node is {state}, not Synced"
-    if not mariadb and state != "ONLINE PRIMARY":
-        return f"the Group Replication member is {state}, not an ONLINE PRIMARY"
     return None
 
 
