@@ -13,6 +13,7 @@ tests/cluster/test_postgres_failover.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import socket
@@ -193,19 +194,13 @@ def _drop_app() -> None:
         as_admin(None, f"DROP USER IF EXISTS {login_name(_APP)}")
 
 
-def test_relay_on_one_read_only_host_waits_says_so_and_goes_on(
-        read_only_server: DatabaseUrl, db_url: DatabaseUrl,
-        caplog: pytest.LogCaptureFixture) -> None:
-    private = _private_database(read_only_server, db_url.name)
-    writer = _writable_session(private)
-    try:
-        event = new_event(OutboxRepository(writer), 1)
-    finally:
-        writer.close()
-    database = _app_url(read_only_server, db_url.name).database()
-    publisher = _Collector()
-    relay = Relay(OutboxRepository(database), publisher, worker_id="relay-ro",
-                  progress_every=0, reconnect_pause=0.05, max_reconnect_pause=0.2)
+@contextlib.contextmanager
+def _running(database: Any, publisher: _Collector, worker_id: str,
+             **options: Any) -> Iterator[tuple[Relay, list[BaseException]]]:
+    """A relay on ``database`` running in a thread (quick reconnects); (the relay, what its
+    ``run`` raised), then it is stopped, joined and its database closed."""
+    relay = Relay(OutboxRepository(database), publisher, worker_id=worker_id,
+                  progress_every=0, reconnect_pause=0.05, max_reconnect_pause=0.2, **options)
     stop = threading.Event()
     failures: list[BaseException] = []
 
@@ -215,26 +210,43 @@ def test_relay_on_one_read_only_host_waits_says_so_and_goes_on(
         except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
             failures.append(exc)
 
-    caplog.set_level(logging.WARNING, logger="outbox_lite")
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while "cannot take writes" not in caplog.text and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "the URL names this one host only: wait" in caplog.text
-        assert publisher.ids == [] and thread.is_alive()
-        _set_writable(read_only_server, True)
-        while publisher.ids != [event.id] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        while relay.stats.published < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        yield relay, failures
     finally:
         stop.set()
         thread.join(30)
         database.close()
+        if thread.is_alive():
+            failures.append(RuntimeError("the relay did not stop"))
+
+
+def test_relay_on_one_read_only_host_waits_says_so_and_goes_on(
+        read_only_server: DatabaseUrl, db_url: DatabaseUrl,
+        caplog: pytest.LogCaptureFixture) -> None:
+    private = _private_database(read_only_server, db_url.name)
+    writer = _writable_session(private)
+    try:
+        event = new_event(OutboxRepository(writer), 1)
+    finally:
+        writer.close()
+    publisher = _Collector()
+    caplog.set_level(logging.WARNING, logger="outbox_lite")
+    try:
+        with _running(_app_url(read_only_server, db_url.name).database(), publisher,
+                      "relay-ro") as (relay, failures):
+            deadline = time.monotonic() + 30
+            while "cannot take writes" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert "the URL names this one host only: wait" in caplog.text
+            assert publisher.ids == [] and failures == []
+            _set_writable(read_only_server, True)
+            while relay.stats.published < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
         _set_writable(read_only_server, False)
-    assert failures == [] and not thread.is_alive()
+    assert failures == []
     assert publisher.ids == [event.id]
     check = _writable_session(private)
     try:
@@ -305,43 +317,27 @@ def test_relay_moves_on_when_its_host_stops_taking_writes(
     finally:
         writer.close()
     _set_writable(read_only_server, True)
-    database = url.database()
     publisher = _Collector()
-    relay = Relay(OutboxRepository(database), publisher, worker_id="relay-mover",
-                  batch_size=10, progress_every=0, reconnect_pause=0.05,
-                  max_reconnect_pause=0.2)
-    stop = threading.Event()
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            relay.run(stop)
-        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
-            failures.append(exc)
-
     caplog.set_level(logging.WARNING, logger="outbox_lite")
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while relay.stats.rounds < 5 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert publisher.ids == [] and first.user == second.user  # on host 1: nothing there
-        _set_writable(read_only_server, False)
-        replica = _writable_session(private)
-        try:
-            assert seed(OutboxRepository(replica), 30) == ids
-        finally:
-            replica.close()
-        while sorted(publisher.ids) != ids and time.monotonic() < deadline:
-            time.sleep(0.05)
+        with _running(url.database(), publisher, "relay-mover", batch_size=10) as (
+                relay, failures):
+            deadline = time.monotonic() + 30
+            while relay.stats.rounds < 5 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert publisher.ids == [] and first.user == second.user  # host 1: nothing there
+            _set_writable(read_only_server, False)
+            replica = _writable_session(private)
+            try:
+                assert seed(OutboxRepository(replica), 30) == ids
+            finally:
+                replica.close()
+            while sorted(publisher.ids) != ids and time.monotonic() < deadline:
+                time.sleep(0.05)
     finally:
-        stop.set()
-        thread.join(30)
-        database.close()
         _set_writable(read_only_server, False)
         _drop_app()
-    assert failures == [] and not thread.is_alive()
+    assert failures == []
     assert sorted(publisher.ids) == ids  # each once, from host 2
     assert _ids(fetch, "published") == ids
     assert "cannot take writes" in caplog.text
