@@ -559,9 +559,11 @@ class Listener:
                                 "target_session_attrs")}
         self.driver = _driver_of(database)
         self.channel = sql.CHANNEL
-        self.where = (f"PostgreSQL LISTEN {sql.CHANNEL} on "
-                      f"{self.params.get('host', 'localhost')}:{self.params.get('port', 5432)}"
-                      f"/{self.dbname}")
+        hosts = str(self.params.get("host", "localhost")).split(",")
+        ports = str(self.params.get("port", 5432)).split(",")
+        where = ",".join(f"{host}:{ports[min(i, len(ports) - 1)]}"  # libpq: one port for all
+                         for i, host in enumerate(hosts))
+        self.where = f"PostgreSQL LISTEN {sql.CHANNEL} on {where}/{self.dbname}"
         self._lock = threading.Lock()
 
     def publish(self, channel: str) -> None:  # the INSERT notifies: nothing to send
