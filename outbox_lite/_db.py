@@ -17,7 +17,8 @@ import peewee as pw
 
 from . import _session
 from ._families import connection_trouble, driver_errors, family_of, lock_conflict, tls_refused
-from .errors import ConnectionLostError, LockConflictError, OutboxError, SchemaError
+from .errors import (ConnectionLostError, LockConflictError, OutboxError, SchemaError,
+                     WrongHostError)
 
 __all__ = ["CONNECTION_ERRORS", "DEFAULT_URL", "execute", "is_connection_error", "is_retryable",
            "lost_connection", "reconnect", "tls_failure"]
@@ -91,6 +92,8 @@ def lost_connection(database: pw.Database, exc: Exception) -> ConnectionLostErro
         if tls is not None:  # no later try helps: the URL's ssl_ options must change
             return ConnectionLostError(f"cannot open a connection to the server: {tls}")
         return ConnectionLostError(f"cannot reach the server ({exc}); try again later")
+    if trouble == "wrong host":
+        return _wrong_host(database, exc)
     if not (trouble == "lost" or isinstance(exc, pw.InterfaceError)):
         return None
     if database.in_transaction():
@@ -107,6 +110,21 @@ def lost_connection(database: pw.Database, exc: Exception) -> ConnectionLostErro
         f"lost the connection to the server ({exc}); the database was made with "
         "autoconnect=False: call database.connect() (or outbox_lite.reconnect(database)) "
         "before the next call")
+
+
+def _wrong_host(database: pw.Database, exc: Exception) -> WrongHostError:
+    """The server answers but cannot take writes (read-only, a standby, a cluster node not
+    ready): the connection is dropped (outside a transaction) so the next one goes to the
+    next host of the URL, or, with one host, to the same one once it can."""
+    hosts = family_of(database).host_count(database)
+    then = ("the next connection goes to the first host of the URL that can" if hosts > 1 else
+            "the URL names this one host only: wait until it can (a failover, a node synced)")
+    if database.in_transaction():
+        return WrongHostError(
+            f"the server cannot take writes ({exc}); the transaction was not committed: let "
+            f"the atomic() block end, call outbox_lite.reconnect(database), then retry; {then}")
+    _drop(database)
+    return WrongHostError(f"the server cannot take writes ({exc}); {then}")
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:

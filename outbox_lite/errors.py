@@ -8,6 +8,7 @@ class TransactionRequiredError(OutboxError): """A method that needs the caller's
 class InvalidEventError(OutboxError, ValueError): """An argument is of the wrong type, empty, too long or out of range."""
 class PayloadError(InvalidEventError): """The payload is not a JSON object or array within the size limit."""
 class ConnectionLostError(OutboxError): """No working connection to the server (lost, never opened, unreachable); the message says what reconnects."""
+class WrongHostError(ConnectionLostError): """The server answers but cannot take writes (read-only, a standby, a cluster node not ready): reconnect, to the next host of the URL when it lists several."""
 class SchemaError(OutboxError): """The database's tables are not what outbox_lite needs; the message says what differs and how to repair it."""
 
 

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The cluster suite (tests/cluster): the outbox on a real 3-node MariaDB Galera cluster. Not part
-# of the default `pytest` run (setup.cfg's norecursedirs) nor of .ci/run: the cluster takes
-# about 10 s to start and the suite about a minute on a 2-core machine.
+# The cluster suite (tests/cluster): the outbox on a real 3-node MariaDB Galera cluster (issue
+# 36's case, a node SIGKILLed mid-drain) and on a PostgreSQL primary with a streaming standby
+# (scripts/postgres-standby.sh: the primary killed, the standby promoted; asynchronous and
+# synchronous). Not part of the default `pytest` run (setup.cfg's norecursedirs) nor of .ci/run:
+# the Galera cluster takes about 15 s to start, the suite about three minutes on a 2-core
+# machine. The figures (kill -> first publish, what an asynchronous standby lost) are printed
+# with -s; docs/servers/clusters.md keeps them.
 #
 #   scripts/cluster-suite.sh [PYTEST ARGS...]
 #

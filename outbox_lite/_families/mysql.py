@@ -37,6 +37,84 @@ class MySQLDatabase(pw.MySQLDatabase):
         return pymysql.connect(database=self.database, autocommit=True, **self.connect_params)
 
 
+class FirstWritable:
+    """A Peewee MySQL database over several hosts (a URL listing them): each new connection
+    goes to the first host, in the URL's order, that answers and can take writes (SPEC §12).
+    Mixed in before the database's own class by :meth:`MySQLUrl.database`, so a pooled or
+    reconnecting database keeps its own ``_connect`` around each host's attempt.
+
+    A host is passed over when it cannot be reached or its connection breaks, and when it
+    answers but cannot take writes (:func:`not_writable`); the answer to that question is kept
+    on the connection for the session question (:meth:`MySQLFamily.ask_session`), so it costs
+    no round trip of its own. When no host will do, the driver's OperationalError says why for
+    each: 1290 (the wrong host, :data:`WRONG_HOST`) when one answered, else 2003."""
+
+    hosts: tuple[tuple[str, int], ...] = ()
+    connect_params: dict[str, Any]
+
+    def _connect(self) -> Any:
+        # Peewee opens connections under the database's lock: the parameters are this
+        # attempt's alone while it runs.
+        saved = self.connect_params
+        refusals: list[str] = []
+        wrong_host = False
+        try:
+            for host, port in self.hosts:
+                self.connect_params = {**saved, "host": host, "port": port}
+                try:
+                    conn = super()._connect()  # type: ignore[misc]
+                    why = not_writable(conn)
+                except pymysql.MySQLError as exc:
+                    trouble = FAMILY.connection_trouble(exc)
+                    if trouble is None:
+                        raise  # a login or a database refused: so it would be on every host
+                    wrong_host = wrong_host or trouble == "wrong host"
+                    refusals.append(f"{host}:{port}: {exc}")
+                    continue
+                if why is None:
+                    return conn
+                wrong_host = True
+                refusals.append(f"{host}:{port}: {why}")
+                conn.close()
+        finally:
+            self.connect_params = saved
+        raise pymysql.err.OperationalError(
+            ER_OPTION_PREVENTS_STATEMENT if wrong_host else 2003,
+            "no host of the URL can take writes: " + "; ".join(refusals))
+
+
+_FIRST_WRITABLE: dict[type, type] = {}
+
+
+def first_writable(kind: type) -> type:
+    """``kind`` (a Peewee MySQL database class) over several hosts (:class:`FirstWritable`)."""
+    made = _FIRST_WRITABLE.get(kind)
+    if made is None:
+        made = _FIRST_WRITABLE[kind] = type(kind.__name__, (FirstWritable, kind),
+                                            {"__module__": kind.__module__})
+    return made
+
+
+def not_writable(conn: Any) -> str | None:
+    """Why the server of a new PyMySQL connection ``conn`` cannot take writes, or None when it
+    can: one round trip, whose answer also serves as the session question's. Raises the
+    driver's error for a server that refuses the question (a Galera node not ready: 1047)."""
+    mariadb = Server(str(conn.server_version)).is_mariadb
+    with conn.cursor() as cur:
+        cur.execute(sql.WRITABLE_MARIADB if mariadb else sql.WRITABLE_MYSQL)
+        row = cur.fetchone()
+    conn._outbox_session = row  # read by ask_session
+    read_only, state = int(row[2] or 0), row[3]
+    if read_only:
+        return "the server is read-only (read_only or super_read_only)"
+    if state is None:
+        return None
+    state = state.decode() if isinstance(state, bytes) else str(state)
+    if state != "Synced":
+        return f"the Galera node is {state}, not Synced"
+    return None
+
+
 # ---------------------------------------------------------------------------
 # The driver's errors
 # ---------------------------------------------------------------------------
@@ -67,6 +145,12 @@ ER_ERROR_DURING_COMMIT, ER_TRANSACTION_ROLLBACK_DURING_COMMIT = 1180, 3101
 CONFLICTS = frozenset({ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK, ER_ERROR_DURING_COMMIT,
                        ER_TRANSACTION_ROLLBACK_DURING_COMMIT})
 ER_NO_SUCH_TABLE = 1146
+#: A server that answers but cannot take writes: read-only (1290, "running with the
+#: --read-only / --super-read-only option"), or a Galera node not ready (1047, "WSREP has not
+#: yet prepared node for application use"). Each is the wrong host (SPEC §12), worth a
+#: reconnect to another one; 1290 for another option (--secure-file-priv …) is not.
+ER_OPTION_PREVENTS_STATEMENT, ER_UNKNOWN_COM_ERROR = 1290, 1047
+_WRONG_HOST_WORDS = ("read-only", "read_only", "wsrep", "no host of the url")
 #: A table (1142) or column (1143) privilege is missing.
 DENIED = frozenset({1142, 1143})
 ER_BAD_DB_ERROR, ER_DBACCESS_DENIED, ER_DB_CREATE_EXISTS = 1049, 1044, 1007
@@ -84,7 +168,7 @@ _SERVER_ERRORS = {
     1698: "access denied for user {url.user} (check the user and password)",
     ER_BAD_DB_ERROR: "database {url.name} does not exist (run: outbox-lite migrate)",
     ER_NO_SUCH_TABLE: "table outbox_event is missing in {url.name} (run: outbox-lite migrate)",
-    2003: "cannot reach the MySQL server at {url.host}:{url.port}",
+    2003: "cannot reach the MySQL server at {url.netloc}",
     2005: "unknown MySQL server host {url.host}",
 }
 #: "CREATE command denied to user 'app'@'host' for table `db`.`t`" (MariaDB; MySQL: 't').
@@ -157,7 +241,9 @@ class MySQLFamily(Family):
     @staticmethod
     def connection_trouble(exc: BaseException) -> str | None:
         """``"lost"`` (the connection is gone), ``"unreachable"`` (none could be opened),
-        ``"going"`` (the server is shutting down or full: worth a reconnect), or None."""
+        ``"going"`` (the server is shutting down or full: worth a reconnect), ``"wrong host"``
+        (the server answers but cannot take writes: read-only, a Galera node not ready), or
+        None."""
         errno = errno_of(exc)
         if errno in LOST:
             return "lost"
@@ -165,6 +251,9 @@ class MySQLFamily(Family):
             return "unreachable"
         if errno in GOING:
             return "going"
+        if errno in (ER_OPTION_PREVENTS_STATEMENT, ER_UNKNOWN_COM_ERROR) and any(
+                word in str(getattr(exc, "orig", exc)).lower() for word in _WRONG_HOST_WORDS):
+            return "wrong host"
         return None
 
     #: Why a connection failed when the server has no TLS and the URL asks for it.
@@ -220,7 +309,7 @@ class MySQLFamily(Family):
         return None
 
     def tls_message(self, url: DatabaseUrl, why: str) -> str:
-        return f"TLS with the MySQL server at {url.host}:{url.port} failed: {why}"
+        return f"TLS with the MySQL server at {url.netloc} failed: {why}"
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -229,9 +318,16 @@ class MySQLFamily(Family):
         """(autocommit, isolation level as the server writes it, the server) of the calling
         thread's connection ``conn``: one round trip (the server from its handshake)."""
         server = Server(str(conn.server_version))
-        row = database.execute_sql(
-            sql.SESSION_MARIADB if server.is_mariadb else sql.SESSION_MYSQL).fetchone()
+        row = getattr(conn, "_outbox_session", None)  # asked at connect (FirstWritable)
+        if row is None:
+            row = database.execute_sql(
+                sql.SESSION_MARIADB if server.is_mariadb else sql.SESSION_MYSQL).fetchone()
         return bool(int(row[0])), str(row[1]), server
+
+    @staticmethod
+    def host_count(database: pw.Database) -> int:
+        """How many hosts the database connects to (a URL may list several)."""
+        return len(getattr(database, "hosts", ())) or 1
 
     @staticmethod
     def session_id(conn: Any) -> Any:
@@ -471,13 +567,28 @@ class MySQLUrl(DatabaseUrl):
     def database(self, database_class: Any = None, **kwargs: Any) -> Any:
         """A Peewee database for this URL (connects lazily), of ``database_class`` (default
         :class:`MySQLDatabase`; e.g. PooledMySQLDatabase); ``kwargs`` add to or override the
-        URL's connection options."""
+        URL's connection options. A URL listing several hosts gives that class with
+        :class:`FirstWritable` mixed in: each connection goes to the first host that answers
+        and can take writes."""
         kind = MySQLDatabase if database_class is None else database_class
-        return kind(self.name, **{**self._params(), **kwargs})
+        if not self.hosts:
+            return kind(self.name, **{**self._params(), **kwargs})
+        database = first_writable(kind)(self.name, **{**self._params(), **kwargs})
+        database.hosts = self.hosts
+        return database
 
     def server_connection(self) -> pymysql.connections.Connection:
-        """A plain PyMySQL connection to the server, no database selected."""
-        return pymysql.connect(autocommit=True, **self._params())
+        """A plain PyMySQL connection to the server, no database selected (the first host of
+        a URL listing several that answers)."""
+        params = self._params()
+        for host, port in self.addresses[:-1]:
+            try:
+                return pymysql.connect(autocommit=True, **{**params, "host": host, "port": port})
+            except pymysql.MySQLError as exc:
+                if FAMILY.connection_trouble(exc) is None:
+                    raise
+        host, port = self.addresses[-1]
+        return pymysql.connect(autocommit=True, **{**params, "host": host, "port": port})
 
     def exists(self) -> bool:
         """Whether the database exists on the server. A database the user has no privilege

@@ -49,6 +49,12 @@ _UNREACHABLE_WORDS = ("connection refused", "could not connect", "timeout expire
 _UNKNOWN_HOST_WORDS = ("could not translate host name", "failed to resolve host",
                        "name or service not known")
 _NO_TLS_WORDS = ("server does not support ssl",)
+#: A server that answers but cannot take writes (SPEC §12: the wrong host): a write refused
+#: in a read-only transaction (a standby in recovery, default_transaction_read_only), and
+#: libpq's words when no host of a URL's list is read-write (target_session_attrs).
+READ_ONLY_TRANSACTION = "25006"
+_READ_ONLY_WORDS = ("session is read-only", "server is in hot standby mode",
+                    "connection is read-only")
 #: libpq's words for a TLS connection whose certificate check failed (no SQLSTATE, no
 #: ssl.SSLError: the drivers raise OperationalError with libpq's text), and what to change.
 _CA_HINT = "sslrootcert must name the CA file that signed the server's certificate"
@@ -243,12 +249,16 @@ class PostgreSQLFamily(Family):
         if state is not None:
             if state.startswith("08") or state in _ENDED:
                 return "lost"
+            if state == READ_ONLY_TRANSACTION:
+                return "wrong host"
             return "going" if state in _GOING else None
         if type(error).__name__ not in ("OperationalError", "InterfaceError"):
             return None
         if tls_why(error) is not None:
             return "unreachable"  # no connection opens until the URL's TLS options change
         text = _first_line(error).lower()
+        if any(word in str(error).lower() for word in _READ_ONLY_WORDS):
+            return "wrong host"
         if "fatal:" in text or any(word in text for word in _NO_TLS_WORDS):
             return None  # a login or a database refused, TLS refused: no retry helps
         if any(word in text for word in _UNREACHABLE_WORDS):
@@ -329,11 +339,16 @@ class PostgreSQLFamily(Family):
         if any(word in lower for word in _UNKNOWN_HOST_WORDS):
             return f"unknown PostgreSQL server host {url.host}"
         if self.connection_trouble(exc) == "unreachable":
-            return f"cannot reach the PostgreSQL server at {url.host}:{url.port}"
+            return f"cannot reach the PostgreSQL server at {url.netloc}"
         return None
 
     def tls_message(self, url: DatabaseUrl, why: str) -> str:
-        return f"TLS with the PostgreSQL server at {url.host}:{url.port} failed: {why}"
+        return f"TLS with the PostgreSQL server at {url.netloc} failed: {why}"
+
+    @staticmethod
+    def host_count(database: pw.Database) -> int:
+        """How many hosts the database connects to (libpq's list, ``host=h1,h2``)."""
+        return str(getattr(database, "connect_params", {}).get("host", "")).count(",") + 1
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -540,12 +555,15 @@ class Listener:
         self.params = {k: v for k, v in params.items()
                        if k in ("host", "port", "user", "password", "sslmode", "sslrootcert",
                                 "sslcert", "sslkey", "sslpassword", "connect_timeout",
-                                "application_name", "options", "service")}
+                                "application_name", "options", "service",
+                                "target_session_attrs")}
         self.driver = _driver_of(database)
         self.channel = sql.CHANNEL
-        self.where = (f"PostgreSQL LISTEN {sql.CHANNEL} on "
-                      f"{self.params.get('host', 'localhost')}:{self.params.get('port', 5432)}"
-                      f"/{self.dbname}")
+        hosts = str(self.params.get("host", "localhost")).split(",")
+        ports = str(self.params.get("port", 5432)).split(",")
+        where = ",".join(f"{host}:{ports[min(i, len(ports) - 1)]}"  # libpq: one port for all
+                         for i, host in enumerate(hosts))
+        self.where = f"PostgreSQL LISTEN {sql.CHANNEL} on {where}/{self.dbname}"
         self._lock = threading.Lock()
 
     def publish(self, channel: str) -> None:  # the INSERT notifies: nothing to send
@@ -605,6 +623,15 @@ def _whole_seconds(name: str, value: str) -> int:
     return int(value)
 
 
+_SESSION_ATTRS = ("any", "read-write", "read-only", "primary", "standby", "prefer-standby")
+
+
+def _session_attrs(name: str, value: str) -> str:
+    if value not in _SESSION_ATTRS:
+        raise DatabaseUrlError(f"URL parameter {name} must be one of {', '.join(_SESSION_ATTRS)}")
+    return value
+
+
 def _driver_option(name: str, value: str) -> str:
     if value not in DRIVERS:
         raise DatabaseUrlError(f"URL parameter {name} must be one of {', '.join(DRIVERS)}")
@@ -616,6 +643,7 @@ OPTIONS: dict[str, Callable[[str, str], Any]] = {
     "sslmode": _sslmode, "sslrootcert": text_option, "sslcert": text_option,
     "sslkey": text_option, "sslpassword": text_option, "connect_timeout": _whole_seconds,
     "application_name": text_option, "driver": _driver_option,
+    "target_session_attrs": _session_attrs,
 }
 
 
@@ -641,6 +669,10 @@ class PostgresUrl(DatabaseUrl):
     def _params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user,
                                   "connect_timeout": 5, **dict(self.options)}
+        if self.hosts:  # libpq's own list: the first host that is read-write, unless told
+            params["host"] = ",".join(host for host, _ in self.hosts)
+            params["port"] = ",".join(str(port) for _, port in self.hosts)
+            params.setdefault("target_session_attrs", "read-write")
         params.pop("driver", None)  # ours, not libpq's
         if self.password:
             params["password"] = self.password

@@ -2,6 +2,11 @@
 grammar every family shares, the scheme picking the family (whose subclass of
 :class:`DatabaseUrl` knows its options, its default port and how to connect).
 
+A URL may list several hosts, ``host1:port1,host2:port2,host3:port3`` (a cluster's nodes, a
+primary and its standby): the first is :attr:`DatabaseUrl.host` and :attr:`~DatabaseUrl.port`,
+all of them in order :attr:`DatabaseUrl.hosts`, and the family's database connects to the first
+that answers and can take writes (SPEC §12).
+
 A URL's password is never shown: errors about a URL quote none of its text, and ``str()``
 masks the password (and any secret option).
 """
@@ -28,9 +33,13 @@ class DatabaseExistsError(OutboxError):
 
 # Everything after the userinfo: what a password cannot be confused with, since the
 # userinfo is taken up to the last '@' that leaves such a tail.
+# The hosts before the last one (``host[:port],`` each) are ``others``.
+_ADDRESS = r"(?:\[[0-9A-Fa-f:.]*\]|[^:/?#@\[\],]*)(?::[^/?#@,]*)?"
+_ADDRESS_RE = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]*\]|[^:/?#@\[\],]*)(?::(?P<port>[^/?#@,]*))?")
 _TAIL_RE = re.compile(
-    r"(?P<host>\[[0-9A-Fa-f:.]*\]|[^:/?#@\[\]]*)"
-    r"(?::(?P<port>[^/?#@]*))?"
+    rf"(?P<others>(?:{_ADDRESS},)*)"
+    r"(?P<host>\[[0-9A-Fa-f:.]*\]|[^:/?#@\[\],]*)"
+    r"(?::(?P<port>[^/?#@,]*))?"
     r"(?:/(?P<name>[^/?#@]*))?"
     r"(?:\?(?P<query>[^#]*))?")
 _HOST_RE = re.compile(r"[A-Za-z0-9._-]{1,255}|\[[0-9A-Fa-f:.]{2,45}\]")
@@ -65,6 +74,9 @@ class DatabaseUrl:
     name: str
     #: (name, value) pairs of the URL's query parameters, the driver's connection arguments.
     options: tuple[tuple[str, Any], ...] = ()
+    #: Every (host, port) of a URL listing several, in the URL's order (the first is ``host``
+    #: and ``port``); empty for a URL of one host.
+    hosts: tuple[tuple[str, int], ...] = ()
 
     #: The scheme ``str()`` writes, the port and user a URL may leave out, what a database
     #: name may be, the form an error shows, the options and which of them are secret or name
@@ -114,14 +126,11 @@ class DatabaseUrl:
         userinfo, match = cls._split(rest)
         if match is None:
             raise DatabaseUrlError(f"bad database URL; {form}")
-        port_text, name = match["port"], match["name"]
-        if port_text and not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
-            raise DatabaseUrlError(f"bad database URL: the port must be a number from 1 to "
-                                   f"65535; {form}")
-        host = match["host"]
-        if host and not _HOST_RE.fullmatch(host):
-            raise DatabaseUrlError(f"bad database URL: the host is not a host name or an IP "
-                                   f"address; {form}")
+        name = match["name"]
+        listed = _addresses(match)
+        if len(listed) > 1 and not all(host for host, _ in listed):
+            raise DatabaseUrlError(f"bad database URL: a host of the list is empty; {form}")
+        addresses = [cls._address(host, port) for host, port in listed]
         if not name or not cls.name_re.fullmatch(name):
             raise DatabaseUrlError(f"the database name must be {cls.name_rule}; {form}")
         user, password = "", ""
@@ -129,9 +138,24 @@ class DatabaseUrl:
             raw_user, _, raw_password = userinfo.partition(":")
             user = _decode(raw_user, "user name", form)
             password = _decode(raw_password, "password", form)
-        return cls(host=host.strip("[]") or "127.0.0.1", port=int(port_text or cls.default_port),
-                   user=user or cls.default_user, password=password, name=name,
-                   options=cls._options(match["query"] or ""))
+        if len(set(addresses)) < len(addresses):
+            raise DatabaseUrlError(f"bad database URL: a host is listed twice; {form}")
+        (host, port), *_ = addresses
+        return cls(host=host, port=port, user=user or cls.default_user, password=password,
+                   name=name, options=cls._options(match["query"] or ""),
+                   hosts=tuple(addresses) if len(addresses) > 1 else ())
+
+    @classmethod
+    def _address(cls, host: str, port_text: str | None) -> tuple[str, int]:
+        """One ``host[:port]`` of the URL, checked (the default port when none is given)."""
+        form = cls.form
+        if port_text and not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
+            raise DatabaseUrlError(f"bad database URL: the port must be a number from 1 to "
+                                   f"65535; {form}")
+        if host and not _HOST_RE.fullmatch(host):
+            raise DatabaseUrlError(f"bad database URL: the host is not a host name or an IP "
+                                   f"address; {form}")
+        return host.strip("[]") or "127.0.0.1", int(port_text or cls.default_port)
 
     @classmethod
     def _split(cls, rest: str) -> tuple[str | None, re.Match[str] | None]:
@@ -147,9 +171,10 @@ class DatabaseUrl:
             userinfo = rest[:at] if at >= 0 else None
             if first[1] is None:
                 first = (userinfo, match)
-            name, port = match["name"], match["port"]
-            if (name and cls.name_re.fullmatch(name) and (not port or port.isdigit())
-                    and (not match["host"] or _HOST_RE.fullmatch(match["host"]))):
+            name = match["name"]
+            if name and cls.name_re.fullmatch(name) and all(
+                    (not port or port.isdigit()) and (not host or _HOST_RE.fullmatch(host))
+                    for host, port in _addresses(match)):
                 return userinfo, match
         return first
 
@@ -181,30 +206,38 @@ class DatabaseUrl:
             raise DatabaseUrlError(f"bad database name {name!r}")
         return dataclasses.replace(self, name=name)
 
+    @property
+    def addresses(self) -> tuple[tuple[str, int], ...]:
+        """Every (host, port) the URL lists, in order: ``hosts``, or the one ``host``."""
+        return self.hosts or ((self.host, self.port),)
+
+    @property
+    def netloc(self) -> str:
+        """``host:port`` (``host1:port1,host2:port2`` … for several), as a URL writes it."""
+        return ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                        for host, port in self.addresses)
+
     def __str__(self) -> str:  # never shows the password
         auth = self.user + (":***" if self.password else "")
-        host = f"[{self.host}]" if ":" in self.host else self.host
         query = "&".join(f"{k}={'***' if k in self.secret_options else v}"
                          for k, v in self.options)
-        return f"{self.scheme}://{auth}@{host}:{self.port}/{self.name}" + (
+        return f"{self.scheme}://{auth}@{self.netloc}/{self.name}" + (
             f"?{query}" if query else "")
 
     @property
     def location(self) -> str:
         """Which server and database: ``scheme://host:port/name``, no user, password or
         options (for an error that must say where it went)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}/{self.name}"
+        return f"{self.scheme}://{self.netloc}/{self.name}"
 
     def secret_text(self) -> str:
         """The URL in full, password included (percent-encoded): for handing to a child
         process, never for showing. ``DatabaseUrl.parse`` reads it back to an equal URL."""
         auth = quote(self.user, safe="") + (f":{quote(self.password, safe='')}"
                                             if self.password else "")
-        host = f"[{self.host}]" if ":" in self.host else self.host
         query = "&".join(f"{k}={str(v).lower() if isinstance(v, bool) else quote(str(v))}"
                          for k, v in self.options)
-        return f"{self.scheme}://{auth}@{host}:{self.port}/{self.name}" + (
+        return f"{self.scheme}://{auth}@{self.netloc}/{self.name}" + (
             f"?{query}" if query else "")
 
     def unreadable_files(self) -> list[str]:
@@ -284,6 +317,13 @@ def url_form() -> str:
     schemes = [f"{scheme}://" for scheme in DatabaseUrl.kinds]
     listed = ", ".join(schemes[:-1]) + f" or {schemes[-1]}" if len(schemes) > 1 else schemes[0]
     return f"expected {listed}, e.g. mysql://user:password@host:3306/database"
+
+
+def _addresses(match: re.Match[str]) -> list[tuple[str, str | None]]:
+    """(host, port text) of every address a tail's match lists, in order."""
+    others = [_ADDRESS_RE.fullmatch(part) for part in match["others"].split(",")[:-1]]
+    return [(found["host"], found["port"]) for found in others if found is not None] + [
+        (match["host"], match["port"])]
 
 
 def _decode(part: str, what: str, form: str) -> str:

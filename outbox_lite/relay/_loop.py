@@ -16,7 +16,7 @@ from .._db import CONNECTION_ERRORS, is_connection_error, reconnect
 from .._families import family_of
 from .._session import claim_transaction
 from .._signals import interruption
-from ..errors import InvalidEventError, LockConflictError
+from ..errors import InvalidEventError, LockConflictError, WrongHostError
 from ..models import OutboxEvent
 from .._credentials import redact
 from ..repository import OutboxRepository, OutboxStats
@@ -249,8 +249,12 @@ class Relay(Recording, Publishing, Interruption):
             return reconnect_pause
         if not is_connection_error(exc):
             raise exc
-        logger.warning("relay %s lost the database connection (%s); reconnecting in %.1f s",
-                       self.worker_id, redact(str(exc)), reconnect_pause)
+        if isinstance(exc, WrongHostError):  # read-only, a standby: never the relay's death
+            logger.warning("relay %s: %s; reconnecting in %.1f s", self.worker_id,
+                           redact(str(exc)), reconnect_pause)
+        else:
+            logger.warning("relay %s lost the database connection (%s); reconnecting in "
+                           "%.1f s", self.worker_id, redact(str(exc)), reconnect_pause)
         reconnect_pause = self._pause(reconnect_pause, stop)
         self._reconnect()
         return reconnect_pause

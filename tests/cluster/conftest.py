@@ -1,4 +1,5 @@
-"""The cluster suite's fixtures: a real MariaDB Galera cluster of 3 nodes.
+"""The cluster suite's fixtures: a real MariaDB Galera cluster of 3 nodes (the PostgreSQL
+failover test starts its own pair, scripts/postgres-standby.sh).
 
 ``OUTBOX_GALERA_URLS`` (the nodes' URLs, separated by spaces) names a running cluster; else
 scripts/galera.sh starts one (on free ports, its state under /var/tmp/outbox-lite-galera) and
