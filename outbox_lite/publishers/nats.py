@@ -45,6 +45,7 @@ from ..errors import InvalidEventError, OutboxError
 from ..models import OutboxEvent
 from . import cloudevent_attributes, message_body, message_id
 from . import cloudevents_source as _cloudevents_source
+from ._binding import Binding, Flag
 from ._loop import ConnectionPublisher, timeout_option
 from ._url import mask_url, password_of, scrub
 
@@ -352,3 +353,25 @@ def _server_urls(servers: Any) -> list[str]:
                 f"{mask_url(url, 'NATS')!r} is not a NATS URL (nats://[user:password@]host:port;"
                 " tls://, ws:// or wss:// too)")
     return urls
+
+
+# ---------------------------------------------------------------------------
+# Its flags on `outbox-lite relay` (outbox_lite.publishers._binding)
+# ---------------------------------------------------------------------------
+
+def _from_flags(url: str, args: Any) -> NATSPublisher:
+    return NATSPublisher(url, args.subject_prefix, cloudevents=args.cloudevents,
+                         cloudevents_source=args.cloudevents_source)
+
+
+CLI = Binding(
+    "NATS",
+    Flag("--nats-url", "URL",
+         "publish to NATS JetStream, nats://[user:password@]host:port, several "
+         "separated by commas (default: $OUTBOX_NATS_URL); needs "
+         "outbox-lite[nats] and --subject-prefix"),
+    "OUTBOX_NATS_URL",
+    (Flag("--subject-prefix", "PREFIX",
+          "publish each event to PREFIX.<event_type> (a JetStream stream must "
+          "capture PREFIX.>)"),),
+    _from_flags, rank=30, cloudevents=True)
