@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from outbox_lite.relay import Relay
 
 from _brokers import SHARED_RABBITMQ
 from _helpers import FAMILY
+from _relays import wait_for
 
 TESTS = Path(__file__).resolve().parent
 #: The Celery tests' own Redis database on the shared server (its queues' keys deleted after).
@@ -108,23 +108,6 @@ def broker(request):
     broker.delete()
 
 
-@pytest.fixture
-def processes():
-    """Start processes; whatever a test leaves running is stopped (by its pid)."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(command, env):
-        started.append(subprocess.Popen(command, env=env, cwd=TESTS, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True))
-        return started[-1]
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
-
-
 def _env(db_url, broker, runs: Path, **extra) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(TESTS),
             "OUTBOX_TEST_DATABASE_URL": db_url.secret_text(),
@@ -138,7 +121,7 @@ def _worker(start, env):
     return start([sys.executable, "-m", "celery", "-A", "_celery_app", "worker", "-Q",
                   env["OUTBOX_TEST_CELERY_QUEUE"], "--pool", "solo", "--without-mingle",
                   "--without-gossip", "--without-heartbeat", "--loglevel", "WARNING",
-                  "-n", f"outbox-test-{uuid.uuid4().hex[:8]}@%h"], env)
+                  "-n", f"outbox-test-{uuid.uuid4().hex[:8]}@%h"], env, cwd=TESTS)
 
 
 def _stop(process) -> str:
@@ -153,17 +136,6 @@ def _runs(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
-def _wait_for(condition, processes, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
-            for p in processes:
-                p.kill()
-            pytest.fail(f"waited in vain for {what}: "
-                        + " | ".join(p.communicate()[1][-1500:] for p in processes))
-        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------
@@ -191,8 +163,7 @@ def test_each_event_runs_its_task_once_with_payload_id_and_headers(
         {"status": "published", "n": len(events)}]
 
     worker = _worker(processes, _env(db_url, broker, runs))
-    _wait_for(lambda: len(_runs(runs)) >= len(events) and broker.depth() == 0, [worker],
-              "every task run")
+    wait_for(lambda: len(_runs(runs)) >= len(events) and broker.depth() == 0, [worker])
     _stop(worker)
     seen = {run["task_id"]: run for run in _runs(runs)}
     assert len(_runs(runs)) == len(events) == len(seen)  # each event ran its task once
@@ -247,7 +218,7 @@ def test_a_relay_killed_after_publishing_leaves_each_business_row_once_through_t
                                 "--worker-id", "relay-doomed"],
                        _env(db_url, broker, runs, celery_task="outbox_test.once",
                             hang_after=1, marker=hung))
-    _wait_for(hung.exists, [doomed], "the doomed relay's first batch")
+    wait_for(hung.exists, [doomed])
     first = {message_id(e) for e in events if str(e.id) in hung.read_text().split(",")}
     assert len(first) == FIRST_BATCH
     doomed.send_signal(signal.SIGKILL)  # between its publish and its record
@@ -271,8 +242,8 @@ def test_a_relay_killed_after_publishing_leaves_each_business_row_once_through_t
     assert {i: held.count(i) for i in ids} == {i: 1 + (i in first) for i in ids}
 
     worker = _worker(processes, _env(db_url, broker, runs))
-    _wait_for(lambda: len(_runs(runs)) >= EVENTS + FIRST_BATCH and broker.depth() == 0,
-              [worker], "every task run")
+    wait_for(lambda: len(_runs(runs)) >= EVENTS + FIRST_BATCH and broker.depth() == 0,
+             [worker])
     _stop(worker)
     done = _runs(runs)
     # Every message ran its task; the inbox accepted each task id once, so the republished
