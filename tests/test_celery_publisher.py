@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from outbox_lite.publishers import message_id
-from outbox_lite.publishers.celery import CeleryPublisher
+from outbox_lite.publishers.celery import CeleryPublisher, CeleryUnavailableError
 from outbox_lite.relay import Relay
 
 from _brokers import SHARED_RABBITMQ
@@ -192,6 +192,46 @@ def test_a_header_with_a_celery_name_is_a_dead_letter_and_the_rest_are_sent(
                      "last_error_code": "celery_reserved_header"},
                     {"id": good.id, "status": "published", "last_error_code": None}]
     assert broker.held() == [message_id(good)]
+
+
+def test_a_lost_broker_fails_the_batch_and_the_next_call_connects_again(
+        db, repo, fetch, redis_server):
+    server = redis_server()
+    with db.atomic():
+        events = [repo.create_in_transaction(event_type="order.paid", aggregate_type="order",
+                                             aggregate_id=str(n), payload={"n": n})
+                  for n in range(3)]
+    with CeleryPublisher(server.url, "outbox_test.record", queue="orders",
+                         timeout=2) as publisher:
+        assert publisher.publish(events[:1]) == {}
+        server.stop()
+        with pytest.raises(CeleryUnavailableError) as raised:  # nothing taken: all failed
+            publisher.publish(events[1:])
+        assert raised.value.retryable and raised.value.error_code == "celery_unavailable"
+        assert f"127.0.0.1:{server.port}" in str(raised.value)
+        server.start()  # afresh, without persistence: empty
+        publisher.ping()
+        assert publisher.publish(events[1:]) == {}
+    assert [json.loads(item)["headers"]["id"] for item in
+            reversed(server.client().lrange("orders", 0, -1))] == [message_id(e)
+                                                                   for e in events[1:]]
+
+
+def test_on_rabbitmq_each_publish_waits_for_the_brokers_confirm(db, repo):
+    queue = _RabbitMQ(f"outbox-test-celery-{uuid.uuid4().hex[:12]}")
+    with db.atomic():
+        event = repo.create_in_transaction(event_type="order.paid", aggregate_type="order",
+                                           aggregate_id="1", payload={"n": 1})
+    try:
+        with CeleryPublisher(SHARED_RABBITMQ, "outbox_test.record",
+                             queue=queue.queue) as publisher:
+            assert publisher.publish([event]) == {}
+            channel = publisher._state[1].channel  # kombu's py-amqp channel
+            assert channel.basic_publish.__name__ == "basic_publish_confirm"
+            assert channel._confirm_selected  # confirm.select was sent: the broker acks
+        assert queue.held() == [message_id(event)]
+    finally:
+        queue.delete()
 
 
 # ---------------------------------------------------------------------------
