@@ -49,9 +49,10 @@ import weakref
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from .. import _checks
-from ..errors import InvalidEventError, OutboxError
+from ..errors import InvalidEventError
 from ..models import OutboxEvent
-from . import MESSAGE_ID_PREFIX, message_id, message_id_of_key
+from . import (MESSAGE_ID_PREFIX, BrokerUnavailableError, PublishError, message_id,
+               message_id_of_key)
 from . import dedupe_key_of as dedupe_key_of  # re-exported: bullmq.dedupe_key_of
 from ._binding import Binding, Flag
 from ._loop import CallTimeout, LoopThread, timeout_option
@@ -88,17 +89,13 @@ def job_id(dedupe_key: str) -> str:
 # Errors
 # ---------------------------------------------------------------------------
 
-class BullMQPublishError(OutboxError):
+class BullMQPublishError(PublishError):
     """Publishing to BullMQ failed; ``error_code`` and ``retryable`` say what the relay records."""
 
-    def __init__(self, message: str, *, error_code: str = "bullmq_error",
-                 retryable: bool = True) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-        self.retryable = retryable
+    code = "bullmq_error"
 
 
-class BullMQUnavailableError(BullMQPublishError):
+class BullMQUnavailableError(BullMQPublishError, BrokerUnavailableError):
     """Redis was unreachable or did not answer in time: the whole batch failed (retryable)."""
 
 

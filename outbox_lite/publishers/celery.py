@@ -42,9 +42,9 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import unquote, urlsplit
 
 from .. import _checks
-from ..errors import InvalidEventError, OutboxError
+from ..errors import InvalidEventError
 from ..models import OutboxEvent
-from . import message_id
+from . import BrokerUnavailableError, PublishError, message_id
 from ._binding import Binding, Flag
 from ._loop import timeout_option
 from ._url import mask_url, password_of, scrub
@@ -71,18 +71,14 @@ _INSTALL_HINT = "pip install 'outbox-lite[celery]'"
 # Errors
 # ---------------------------------------------------------------------------
 
-class CeleryPublishError(OutboxError):
+class CeleryPublishError(PublishError):
     """Sending a task message failed; ``error_code`` and ``retryable`` say what the relay
     records."""
 
-    def __init__(self, message: str, *, error_code: str = "celery_error",
-                 retryable: bool = True) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-        self.retryable = retryable
+    code = "celery_error"
 
 
-class CeleryUnavailableError(CeleryPublishError):
+class CeleryUnavailableError(CeleryPublishError, BrokerUnavailableError):
     """The broker was unreachable, dropped the connection or did not answer in time: what it
     had not taken failed (retryable)."""
 

@@ -41,9 +41,9 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from .. import _checks
-from ..errors import InvalidEventError, OutboxError
+from ..errors import InvalidEventError
 from ..models import OutboxEvent
-from . import cloudevent_attributes, message_body, message_id
+from . import BrokerUnavailableError, PublishError, cloudevent_attributes, message_body, message_id
 from . import cloudevents_source as _cloudevents_source
 from ._binding import Binding, Flag
 from ._loop import ConnectionPublisher, timeout_option
@@ -62,18 +62,14 @@ _NOT_IN_TOKEN = frozenset(".*>")
 # Errors
 # ---------------------------------------------------------------------------
 
-class NATSPublishError(OutboxError):
+class NATSPublishError(PublishError):
     """Publishing to JetStream failed; ``error_code`` and ``retryable`` say what the relay
     records."""
 
-    def __init__(self, message: str, *, error_code: str = "nats_error",
-                 retryable: bool = True) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-        self.retryable = retryable
+    code = "nats_error"
 
 
-class NATSUnavailableError(NATSPublishError):
+class NATSUnavailableError(NATSPublishError, BrokerUnavailableError):
     """The server was unreachable, the connection was lost, or the acks did not come in time:
     the whole batch failed (retryable)."""
 

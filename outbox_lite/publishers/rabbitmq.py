@@ -43,9 +43,9 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import unquote, urlsplit
 
 from .. import _checks
-from ..errors import InvalidEventError, OutboxError
+from ..errors import InvalidEventError
 from ..models import MAX_NAME_LENGTH, OutboxEvent
-from . import cloudevent_attributes, message_body, message_id
+from . import BrokerUnavailableError, PublishError, cloudevent_attributes, message_body, message_id
 from . import cloudevents_source as _cloudevents_source
 from ._binding import Binding, Flag
 from ._loop import ConnectionPublisher, timeout_option
@@ -65,18 +65,14 @@ _INSTALL_HINT = "pip install 'outbox-lite[rabbitmq]'"
 # Errors
 # ---------------------------------------------------------------------------
 
-class RabbitMQPublishError(OutboxError):
+class RabbitMQPublishError(PublishError):
     """Publishing to RabbitMQ failed; ``error_code`` and ``retryable`` say what the relay
     records."""
 
-    def __init__(self, message: str, *, error_code: str = "rabbitmq_error",
-                 retryable: bool = True) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-        self.retryable = retryable
+    code = "rabbitmq_error"
 
 
-class RabbitMQUnavailableError(RabbitMQPublishError):
+class RabbitMQUnavailableError(RabbitMQPublishError, BrokerUnavailableError):
     """The broker was unreachable, dropped the connection or channel, or did not confirm in
     time: the whole batch failed (retryable)."""
 
