@@ -20,7 +20,8 @@ import pytest
 import redis
 
 from outbox_lite.publishers import message_id
-from outbox_lite.publishers.celery import CeleryPublisher, CeleryUnavailableError
+from outbox_lite.publishers.celery import (CeleryConfigurationError, CeleryPublisher,
+                                           CeleryUnavailableError)
 from outbox_lite.relay import Relay
 
 from _brokers import SHARED_RABBITMQ
@@ -232,6 +233,18 @@ def test_on_rabbitmq_each_publish_waits_for_the_brokers_confirm(db, repo):
         assert queue.held() == [message_id(event)]
     finally:
         queue.delete()
+
+
+@pytest.mark.parametrize("auth", [":wrong@", ""])
+def test_a_redis_that_refuses_the_login_is_a_configuration_error_without_the_password(
+        redis_server, auth):
+    server = redis_server("--requirepass", "Sup3rSecret")
+    with CeleryPublisher(f"redis://{auth}127.0.0.1:{server.port}/0", "t") as publisher:
+        with pytest.raises(CeleryConfigurationError) as raised:
+            publisher.ping()
+    assert raised.value.error_code == "celery_access_refused"
+    assert "refused the login" in str(raised.value)
+    assert "wrong" not in str(raised.value) and "Sup3rSecret" not in str(raised.value)
 
 
 # ---------------------------------------------------------------------------

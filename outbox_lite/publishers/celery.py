@@ -294,8 +294,8 @@ class CeleryPublisher:
         cause = exc.__cause__ or exc.__context__ or exc
         text = self._clean(exc)
         if any(word in f"{exc} {cause}" for word in (
-                "ACCESS_REFUSED", "AUTH", "NOAUTH", "WRONGPASS", "invalid password",
-                "invalid username-password")):
+                "ACCESS_REFUSED", "NOAUTH", "WRONGPASS", "Authentication required",
+                "invalid password", "invalid username-password")):
             return CeleryConfigurationError(
                 f"{self._where()} refused the login of user {self._user()!r} (check the user "
                 "and password)", error_code="celery_access_refused")
