@@ -78,7 +78,7 @@ def held(client: Any, side: str, queue: str) -> int:
 
 def forget(client: Any, side: str, queue: str) -> None:
     if side == "celery":
-        client.delete(queue, f"_kombu.binding.{queue}")
+        client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
         return
     keys = list(client.scan_iter(match=f"bull:{queue}:*", count=1000))
     for i in range(0, len(keys), 500):

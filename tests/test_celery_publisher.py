@@ -53,7 +53,10 @@ class _Redis:
         return int(self.client.llen(self.queue))
 
     def delete(self) -> None:
-        self.client.delete(self.queue, f"_kombu.binding.{self.queue}")
+        # kombu keeps a queue's binding under the name of its exchange (the queue's own here):
+        # _kombu.binding_permanent.NAME from 5.7 on, _kombu.binding.NAME before.
+        self.client.delete(self.queue, f"_kombu.binding.{self.queue}",
+                           f"_kombu.binding_permanent.{self.queue}")
         self.client.close()
 
 
@@ -93,9 +96,12 @@ class _RabbitMQ:
                 connection.close()
 
     def delete(self) -> None:
+        """The queue, and the direct exchange of its name that Celery declares with it."""
         connection = pika.BlockingConnection(pika.URLParameters(SHARED_RABBITMQ))
         try:
-            connection.channel().queue_delete(self.queue)
+            channel = connection.channel()
+            channel.queue_delete(self.queue)
+            channel.exchange_delete(self.queue)
         finally:
             connection.close()
 

@@ -375,5 +375,5 @@ def test_the_celery_guide_runs_a_task_once_per_event(db, db_url, fetch, tmp_path
         if worker is not None and worker.poll() is None:
             worker.kill()
             worker.communicate()
-        client.delete(queue, f"_kombu.binding.{queue}")
+        client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
         client.close()
