@@ -233,3 +233,10 @@ class _InterruptedMidResult:
 
 def interrupted_mid_result() -> _InterruptedMidResult:
     return _InterruptedMidResult()
+
+
+def hanging_celery() -> _Hanging:
+    from outbox_lite.publishers.celery import CeleryPublisher
+    return _Hanging(CeleryPublisher(os.environ["OUTBOX_TEST_CELERY_URL"],
+                                    os.environ["OUTBOX_TEST_CELERY_TASK"],
+                                    queue=os.environ["OUTBOX_TEST_CELERY_QUEUE"]))

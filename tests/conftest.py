@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 import uuid
 from typing import Any, Callable, Iterator
 
@@ -287,6 +288,25 @@ def nats_server(tmp_path: Any) -> Iterator[Callable[..., NATSServer]]:
     finally:
         for server in servers:
             server.stop()
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """``start(command, env, cwd=None)`` starts a process (its output piped, as text);
+    whatever a test leaves running is killed afterwards, by its pid."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(command: list[str], env: dict[str, str],
+              cwd: Any = None) -> subprocess.Popen[str]:
+        started.append(subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True))
+        return started[-1]
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
 
 
 @pytest.fixture

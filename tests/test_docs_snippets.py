@@ -304,3 +304,76 @@ def test_the_python_pieces_run_on_the_test_server(db, db_url, fetch, capsys):
         assert woken["outbox"].wake is not None
     finally:
         db.execute_sql("DROP TABLE orders")
+
+
+# ---------------------------------------------------------------------------
+# docs/guides/celery.md: the task, its worker and the relay line, a message sent twice
+# ---------------------------------------------------------------------------
+
+def test_the_celery_guide_runs_a_task_once_per_event(db, db_url, fetch, tmp_path):
+    import signal
+    import time
+    import uuid
+
+    import redis
+
+    from outbox_lite.publishers.celery import CeleryPublisher
+
+    page = "docs/guides/celery.md"
+    broker, queue = "redis://127.0.0.1:6379/13", f"docs-orders-{uuid.uuid4().hex[:12]}"
+    tasks = block(page, "def order_paid(", lang="python")
+    assert tasks.count(CONNECT) == 1 and tasks.count('"redis://127.0.0.1:6379/0"') == 1
+    (tmp_path / "tasks.py").write_text(
+        tasks.replace(CONNECT, connect(db_url)).replace('"redis://127.0.0.1:6379/0"',
+                                                        repr(broker)), encoding="utf-8")
+    [relay_line] = _lines(page, "sh", "outbox-lite relay --celery-url")
+    [worker_line] = _lines(page, "sh", "celery -A tasks worker")
+    db.execute_sql("CREATE TABLE invoice (order_id INT NOT NULL, amount INT NOT NULL)")
+    outbox = OutboxRepository(db)
+    with db.atomic():
+        events = [outbox.create_in_transaction(
+            event_type="order.paid", aggregate_type="order", aggregate_id=str(n),
+            payload={"order_id": n, "amount": 10 * n}, dedupe_key=f"order.paid:{n}")
+            for n in (1, 2, 3)]
+    db.close()
+    client = redis.Redis.from_url(broker)
+    worker = None
+    try:
+        result = _shell(relay_line.replace("redis://127.0.0.1:6379/0", broker)
+                        .replace("--celery-queue orders", f"--celery-queue {queue}"),
+                        tmp_path, db_url, "--until-empty")
+        assert result.returncode == 0, result.stderr
+        with CeleryPublisher(broker, "shop.order_paid", queue=queue) as publisher:
+            assert publisher.publish(events[:1]) == {}  # as a relay that died would, again
+        assert client.llen(queue) == 4
+        args = worker_line.split()[1:]
+        assert args == ["-A", "tasks", "worker", "-Q", "orders"]
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", *args[:-1], queue, "--pool", "solo",
+             "--without-mingle", "--without-gossip", "--without-heartbeat",
+             "-n", f"docs-{uuid.uuid4().hex[:8]}@%h"], cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Done: nothing waits in the queue, nothing is delivered but unacked (Celery acks as a
+        # task starts; a warm shutdown finishes the task it runs), every event accepted.
+        deadline = time.monotonic() + 60
+        while (client.llen(queue) or client.hlen("unacked")
+               or fetch("SELECT COUNT(*) AS n FROM inbox_message")[0]["n"] < 3):
+            assert worker.poll() is None and time.monotonic() < deadline, worker.stderr.read()
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)  # a warm shutdown: the task in hand finishes
+        _, err = worker.communicate(timeout=60)
+        assert worker.returncode == 0, err[-2000:]
+        assert client.llen(queue) == 0  # all four messages ran: none went back to the queue
+        assert fetch("SELECT order_id, amount FROM invoice ORDER BY order_id") == [
+            {"order_id": n, "amount": 10 * n} for n in (1, 2, 3)]
+        assert fetch("SELECT consumer, COUNT(*) AS n FROM inbox_message GROUP BY consumer") == [
+            {"consumer": "invoices", "n": 3}]
+        assert fetch("SELECT status, COUNT(*) AS n FROM outbox_event GROUP BY status") == [
+            {"status": "published", "n": 3}]
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+        client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+        client.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -81,23 +80,6 @@ def broker(request):
     if request.param == "bullmq":
         return _BullMQ(request.getfixturevalue("queue"), request.getfixturevalue("rds"))
     return _RabbitMQ(request.getfixturevalue("exchange"))
-
-
-@pytest.fixture
-def processes():
-    """Start processes; whatever a failed test leaves running is killed (by its pid)."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(command, env):
-        started.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True))
-        return started[-1]
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
 
 
 def _env(db_url, broker, **extra):

@@ -341,6 +341,7 @@ def test_configuration_errors_are_one_line_and_claim_nothing(
     ("bullmq", ["--bullmq-url", SHARED_REDIS, "--queue", "q"], "bullmq"),
     ("aiormq", ["--rabbitmq-url", SHARED_RABBITMQ, "--exchange", "x"], "rabbitmq"),
     ("nats", ["--nats-url", SHARED_NATS, "--subject-prefix", "x"], "nats"),
+    ("celery", ["--celery-url", SHARED_REDIS, "--celery-task", "t"], "celery"),
 ])
 def test_a_broker_whose_extra_is_missing_is_one_line_naming_it(
         db, db_url, repo, fetch, hidden, args, extra):

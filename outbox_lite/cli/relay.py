@@ -10,10 +10,11 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, NamedTuple
+from typing import Any
 
 from .. import _signals
 from .._families.url import DatabaseUrl
+from ..publishers._binding import Binding, bindings
 from ._args import (EXIT_OK, CommandError, UsageError, add_database_flag, open_repository,
                     parse_port, parse_positive, parse_seconds)
 
@@ -21,34 +22,17 @@ from ._args import (EXIT_OK, CommandError, UsageError, add_database_flag, open_r
 def add_commands(commands: Any) -> None:
     """Add relay to the ``outbox-lite`` subcommands."""
     p = commands.add_parser(
-        "relay", help="publish events to BullMQ, RabbitMQ, NATS JetStream (or any publisher)"
-                      " until stopped",
+        "relay", help=f"publish events to {', '.join(b.name for b in bindings())} (or any"
+                      " publisher) until stopped",
         description="Runs the worker loop: release expired claims, claim a batch, publish it "
                     "outside any transaction (renewing the claims while a publish runs long), "
                     "record the outcomes. SIGTERM or SIGINT stop it once the batch in hand "
                     "is recorded; a second SIGINT stops it at once. A progress line goes to "
                     "stderr every few seconds; payloads and credentials never do.")
     add_database_flag(p)
-    p.add_argument("--bullmq-url", metavar="REDIS_URL",
-                   help="publish to BullMQ on this Redis, redis://[:password@]host:port/db "
-                        "(default: $OUTBOX_BULLMQ_URL, which keeps a password out of ps); "
-                        "needs outbox-lite[bullmq] and --queue")
-    p.add_argument("--queue", metavar="NAME", help="the BullMQ queue to add jobs to")
-    p.add_argument("--rabbitmq-url", metavar="URL",
-                   help="publish to RabbitMQ with publisher confirms, amqp://user:password@"
-                        "host:port/vhost (default: $OUTBOX_RABBITMQ_URL); needs "
-                        "outbox-lite[rabbitmq] and --exchange")
-    p.add_argument("--exchange", metavar="NAME",
-                   help="the RabbitMQ exchange to publish to (it must exist)")
-    p.add_argument("--routing-key", metavar="KEY",
-                   help="the routing key of every message (default: the event's event_type)")
-    p.add_argument("--nats-url", metavar="URL",
-                   help="publish to NATS JetStream, nats://[user:password@]host:port, several "
-                        "separated by commas (default: $OUTBOX_NATS_URL); needs "
-                        "outbox-lite[nats] and --subject-prefix")
-    p.add_argument("--subject-prefix", metavar="PREFIX",
-                   help="publish each event to PREFIX.<event_type> (a JetStream stream must "
-                        "capture PREFIX.>)")
+    for binding in bindings():  # each shipped publisher's own flags, declared in its module
+        for flag in binding.flags:
+            p.add_argument(flag.flag, metavar=flag.metavar, help=flag.help)
     p.add_argument("--cloudevents", action="store_true",
                    help="send each event as a CloudEvent in binary content mode (RabbitMQ: "
                         "cloudEvents_* headers of the AMQP binding; NATS: ce-* headers)")
@@ -198,47 +182,14 @@ def _metrics_url(server: Any) -> str:
     return f"http://{host}:{server.port}"
 
 
-class _Broker(NamedTuple):
-    """A shipped publisher as the relay's flags name it."""
-
-    url_flag: str  # --bullmq-url
-    url_env: str  # $OUTBOX_BULLMQ_URL
-    target_flags: tuple[str, ...]  # required first, then optional: ("--queue",)
-    make: Callable[[str, argparse.Namespace], Any]  # (url, args) -> publisher
-
-
-def _bullmq(url: str, args: argparse.Namespace) -> Any:
-    from ..publishers.bullmq import BullMQPublisher
-    return BullMQPublisher(url, args.queue)
-
-
-def _rabbitmq(url: str, args: argparse.Namespace) -> Any:
-    from ..publishers.rabbitmq import RabbitMQPublisher
-    return RabbitMQPublisher(url, args.exchange, routing_key=args.routing_key,
-                             cloudevents=args.cloudevents,
-                             cloudevents_source=args.cloudevents_source)
-
-
-def _nats(url: str, args: argparse.Namespace) -> Any:
-    from ..publishers.nats import NATSPublisher
-    return NATSPublisher(url, args.subject_prefix, cloudevents=args.cloudevents,
-                         cloudevents_source=args.cloudevents_source)
-
-
-_BROKERS = {
-    "BullMQ": _Broker("--bullmq-url", "OUTBOX_BULLMQ_URL", ("--queue",), _bullmq),
-    "RabbitMQ": _Broker("--rabbitmq-url", "OUTBOX_RABBITMQ_URL",
-                        ("--exchange", "--routing-key"), _rabbitmq),
-    "NATS": _Broker("--nats-url", "OUTBOX_NATS_URL", ("--subject-prefix",), _nats),
-}
-_NAME_A_BROKER = ("name a broker: --bullmq-url REDIS_URL --queue NAME, --rabbitmq-url URL "
-                  "--exchange NAME [--routing-key KEY], --nats-url URL --subject-prefix "
-                  "PREFIX (each URL also from $OUTBOX_BULLMQ_URL, $OUTBOX_RABBITMQ_URL, "
-                  "$OUTBOX_NATS_URL), or --publisher MODULE:FACTORY")
-
-
-def _flag_value(args: argparse.Namespace, flag: str) -> Any:
-    return getattr(args, flag.lstrip("-").replace("-", "_"))
+def _name_a_broker(shipped: list[Binding]) -> str:
+    """What the relay says when no broker is named: every shipped one's flags."""
+    flags = ", ".join(
+        " ".join([f"{b.url.flag} {b.url.metavar}", f"{b.targets[0].flag} {b.targets[0].metavar}",
+                  *(f"[{t.flag} {t.metavar}]" for t in b.targets[1:])]) for b in shipped)
+    variables = ", ".join(f"${b.env}" for b in shipped)
+    return (f"name a broker: {flags} (each URL also from {variables}), or --publisher "
+            "MODULE:FACTORY")
 
 
 def _publisher(args: argparse.Namespace) -> Any:
@@ -246,31 +197,37 @@ def _publisher(args: argparse.Namespace) -> Any:
     A broker is chosen by its flags on the command line; its URL flag may come from its
     variable. The publisher is pinged before anything is claimed: an unreachable broker, a
     wrong password, a missing exchange or stream is one line, now."""
-    given = {name: [f for f in (b.url_flag, *b.target_flags) if _flag_value(args, f)]
-             for name, b in _BROKERS.items()}
+    shipped = {b.name: b for b in bindings()}
+    given = {name: [f.flag for f in b.flags if getattr(args, f.dest)]
+             for name, b in shipped.items()}
     chosen = [name for name, flags in given.items() if flags]
     if args.cloudevents_source is not None and not args.cloudevents:
         raise UsageError("--cloudevents-source goes with --cloudevents")
-    if args.cloudevents and (args.publisher or chosen == ["BullMQ"]):
-        raise UsageError("--cloudevents goes with --rabbitmq-url or --nats-url (a BullMQ job"
-                         " or a publisher of your own is no CloudEvents binding)")
+    if args.cloudevents and (args.publisher or any(not shipped[name].cloudevents
+                                                   for name in chosen)):
+        takers = [b for b in shipped.values() if b.cloudevents]
+        others = [b.name for b in shipped.values() if not b.cloudevents]
+        raise UsageError(f"--cloudevents goes with {' or '.join(b.url.flag for b in takers)}"
+                         f" (a message of {', '.join(others)} or of a publisher of your own"
+                         " is no CloudEvents binding)")
     if args.publisher:
         if chosen:
             flag = given[chosen[0]][0]
-            raise UsageError(f"{flag} goes with {_BROKERS[chosen[0]].url_flag}, not with"
+            raise UsageError(f"{flag} goes with {shipped[chosen[0]].url.flag}, not with"
                              " --publisher")
         return _publisher_from_factory(args.publisher)
     if len(chosen) > 1:
         raise UsageError(f"choose one broker, not {' and '.join(chosen)} "
                          f"({', '.join(f for name in chosen for f in given[name])})")
     if not chosen:
-        raise UsageError(_NAME_A_BROKER)
-    broker = _BROKERS[chosen[0]]
-    url = _flag_value(args, broker.url_flag) or os.environ.get(broker.url_env)
-    target = broker.target_flags[0]
-    if not url or not _flag_value(args, target):
-        missing = target if url else f"{broker.url_flag} (or ${broker.url_env})"
-        raise UsageError(f"{_NAME_A_BROKER}; {chosen[0]} also needs {missing}")
+        raise UsageError(_name_a_broker(list(shipped.values())))
+    broker = shipped[chosen[0]]
+    url = getattr(args, broker.url.dest) or os.environ.get(broker.env)
+    target = broker.targets[0]
+    if not url or not getattr(args, target.dest):
+        missing = target.flag if url else f"{broker.url.flag} (or ${broker.env})"
+        raise UsageError(f"{_name_a_broker(list(shipped.values()))}; {chosen[0]} also needs"
+                         f" {missing}")
     try:
         publisher = broker.make(url, args)
     except ImportError as exc:  # the broker's extra is not installed: the error says which

@@ -26,7 +26,9 @@ What every publisher shares lives here, so there is one definition of each:
   and the body is the payload unchanged.
 
 Every publisher also sends every header of the event (``event.headers``, SPEC §11) with its
-message, as the broker carries headers (see each module).
+message, as the broker carries headers (see each module). Its errors subclass
+:class:`PublishError` (``error_code``, ``retryable``: what the relay records), and the one that
+means the broker could not be reached or did not answer, :class:`BrokerUnavailableError` too.
 """
 
 from __future__ import annotations
@@ -36,10 +38,13 @@ import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
+from ..errors import OutboxError
+
 if TYPE_CHECKING:
     from ..models import OutboxEvent
 
-__all__ = ["DEFAULT_CLOUDEVENTS_SOURCE", "MESSAGE_ID_PREFIX", "cloudevent_attributes",
+__all__ = ["DEFAULT_CLOUDEVENTS_SOURCE", "MESSAGE_ID_PREFIX", "BrokerUnavailableError",
+           "PublishError", "cloudevent_attributes",
            "cloudevents_source", "dedupe_key_of", "message_body", "message_id",
            "message_id_of_key"]
 
@@ -54,6 +59,24 @@ _MAX_SOURCE_LENGTH = 1024
 _UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]+")
 #: The outbox's own encoding of a payload (``JSONTextField``): compact, UTF-8 as it is.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+class PublishError(OutboxError):
+    """A publisher could not publish; ``error_code`` (the class's ``code`` unless given) and
+    ``retryable`` say what the relay records."""
+
+    code = "publish_error"
+
+    def __init__(self, message: str, *, error_code: str | None = None,
+                 retryable: bool = True) -> None:
+        super().__init__(message)
+        self.error_code = error_code or self.code
+        self.retryable = retryable
+
+
+class BrokerUnavailableError(PublishError):
+    """The broker was unreachable, lost the connection or did not answer in time: what it had
+    not taken failed (retryable)."""
 
 
 def message_id(event: OutboxEvent) -> str:

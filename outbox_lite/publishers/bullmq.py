@@ -49,10 +49,12 @@ import weakref
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from .. import _checks
-from ..errors import InvalidEventError, OutboxError
+from ..errors import InvalidEventError
 from ..models import OutboxEvent
-from . import MESSAGE_ID_PREFIX, message_id, message_id_of_key
+from . import (MESSAGE_ID_PREFIX, BrokerUnavailableError, PublishError, message_id,
+               message_id_of_key)
 from . import dedupe_key_of as dedupe_key_of  # re-exported: bullmq.dedupe_key_of
+from ._binding import Binding, Flag
 from ._loop import CallTimeout, LoopThread, timeout_option
 from ._url import mask_url, password_of, scrub
 
@@ -87,17 +89,13 @@ def job_id(dedupe_key: str) -> str:
 # Errors
 # ---------------------------------------------------------------------------
 
-class BullMQPublishError(OutboxError):
+class BullMQPublishError(PublishError):
     """Publishing to BullMQ failed; ``error_code`` and ``retryable`` say what the relay records."""
 
-    def __init__(self, message: str, *, error_code: str = "bullmq_error",
-                 retryable: bool = True) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-        self.retryable = retryable
+    code = "bullmq_error"
 
 
-class BullMQUnavailableError(BullMQPublishError):
+class BullMQUnavailableError(BullMQPublishError, BrokerUnavailableError):
     """Redis was unreachable or did not answer in time: the whole batch failed (retryable)."""
 
 
@@ -391,3 +389,22 @@ def _job_options(options: Mapping[str, Any] | None) -> Mapping[str, Any]:
                 "published again after its job was removed adds a second job; keep them "
                 "by age (see outbox_lite.publishers.bullmq)", key, keep)
     return merged
+
+
+# ---------------------------------------------------------------------------
+# Its flags on `outbox-lite relay` (outbox_lite.publishers._binding)
+# ---------------------------------------------------------------------------
+
+def _from_flags(url: str, args: Any) -> BullMQPublisher:
+    return BullMQPublisher(url, args.queue)
+
+
+CLI = Binding(
+    "BullMQ",
+    Flag("--bullmq-url", "REDIS_URL",
+         "publish to BullMQ on this Redis, redis://[:password@]host:port/db "
+         "(default: $OUTBOX_BULLMQ_URL, which keeps a password out of ps); "
+         "needs outbox-lite[bullmq] and --queue"),
+    "OUTBOX_BULLMQ_URL",
+    (Flag("--queue", "NAME", "the BullMQ queue to add jobs to"),),
+    _from_flags, rank=10)

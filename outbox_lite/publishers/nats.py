@@ -41,10 +41,11 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from .. import _checks
-from ..errors import InvalidEventError, OutboxError
+from ..errors import InvalidEventError
 from ..models import OutboxEvent
-from . import cloudevent_attributes, message_body, message_id
+from . import BrokerUnavailableError, PublishError, cloudevent_attributes, message_body, message_id
 from . import cloudevents_source as _cloudevents_source
+from ._binding import Binding, Flag
 from ._loop import ConnectionPublisher, timeout_option
 from ._url import mask_url, password_of, scrub
 
@@ -61,18 +62,14 @@ _NOT_IN_TOKEN = frozenset(".*>")
 # Errors
 # ---------------------------------------------------------------------------
 
-class NATSPublishError(OutboxError):
+class NATSPublishError(PublishError):
     """Publishing to JetStream failed; ``error_code`` and ``retryable`` say what the relay
     records."""
 
-    def __init__(self, message: str, *, error_code: str = "nats_error",
-                 retryable: bool = True) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-        self.retryable = retryable
+    code = "nats_error"
 
 
-class NATSUnavailableError(NATSPublishError):
+class NATSUnavailableError(NATSPublishError, BrokerUnavailableError):
     """The server was unreachable, the connection was lost, or the acks did not come in time:
     the whole batch failed (retryable)."""
 
@@ -352,3 +349,25 @@ def _server_urls(servers: Any) -> list[str]:
                 f"{mask_url(url, 'NATS')!r} is not a NATS URL (nats://[user:password@]host:port;"
                 " tls://, ws:// or wss:// too)")
     return urls
+
+
+# ---------------------------------------------------------------------------
+# Its flags on `outbox-lite relay` (outbox_lite.publishers._binding)
+# ---------------------------------------------------------------------------
+
+def _from_flags(url: str, args: Any) -> NATSPublisher:
+    return NATSPublisher(url, args.subject_prefix, cloudevents=args.cloudevents,
+                         cloudevents_source=args.cloudevents_source)
+
+
+CLI = Binding(
+    "NATS",
+    Flag("--nats-url", "URL",
+         "publish to NATS JetStream, nats://[user:password@]host:port, several "
+         "separated by commas (default: $OUTBOX_NATS_URL); needs "
+         "outbox-lite[nats] and --subject-prefix"),
+    "OUTBOX_NATS_URL",
+    (Flag("--subject-prefix", "PREFIX",
+          "publish each event to PREFIX.<event_type> (a JetStream stream must "
+          "capture PREFIX.>)"),),
+    _from_flags, rank=30, cloudevents=True)

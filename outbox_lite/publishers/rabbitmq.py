@@ -43,10 +43,11 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import unquote, urlsplit
 
 from .. import _checks
-from ..errors import InvalidEventError, OutboxError
+from ..errors import InvalidEventError
 from ..models import MAX_NAME_LENGTH, OutboxEvent
-from . import cloudevent_attributes, message_body, message_id
+from . import BrokerUnavailableError, PublishError, cloudevent_attributes, message_body, message_id
 from . import cloudevents_source as _cloudevents_source
+from ._binding import Binding, Flag
 from ._loop import ConnectionPublisher, timeout_option
 from ._url import mask_url, password_of, scrub
 
@@ -64,18 +65,14 @@ _INSTALL_HINT = "pip install 'outbox-lite[rabbitmq]'"
 # Errors
 # ---------------------------------------------------------------------------
 
-class RabbitMQPublishError(OutboxError):
+class RabbitMQPublishError(PublishError):
     """Publishing to RabbitMQ failed; ``error_code`` and ``retryable`` say what the relay
     records."""
 
-    def __init__(self, message: str, *, error_code: str = "rabbitmq_error",
-                 retryable: bool = True) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-        self.retryable = retryable
+    code = "rabbitmq_error"
 
 
-class RabbitMQUnavailableError(RabbitMQPublishError):
+class RabbitMQUnavailableError(RabbitMQPublishError, BrokerUnavailableError):
     """The broker was unreachable, dropped the connection or channel, or did not confirm in
     time: the whole batch failed (retryable)."""
 
@@ -316,3 +313,26 @@ def _routing_key(value: Any) -> str | None:
     if len(value.encode("utf-8")) > MAX_NAME_LENGTH:
         raise InvalidEventError(f"routing_key is longer than {MAX_NAME_LENGTH} bytes")
     return value
+
+
+# ---------------------------------------------------------------------------
+# Its flags on `outbox-lite relay` (outbox_lite.publishers._binding)
+# ---------------------------------------------------------------------------
+
+def _from_flags(url: str, args: Any) -> RabbitMQPublisher:
+    return RabbitMQPublisher(url, args.exchange, routing_key=args.routing_key,
+                             cloudevents=args.cloudevents,
+                             cloudevents_source=args.cloudevents_source)
+
+
+CLI = Binding(
+    "RabbitMQ",
+    Flag("--rabbitmq-url", "URL",
+         "publish to RabbitMQ with publisher confirms, amqp://user:password@"
+         "host:port/vhost (default: $OUTBOX_RABBITMQ_URL); needs "
+         "outbox-lite[rabbitmq] and --exchange"),
+    "OUTBOX_RABBITMQ_URL",
+    (Flag("--exchange", "NAME", "the RabbitMQ exchange to publish to (it must exist)"),
+     Flag("--routing-key", "KEY",
+          "the routing key of every message (default: the event's event_type)")),
+    _from_flags, rank=20, cloudevents=True)
