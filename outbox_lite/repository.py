@@ -64,14 +64,19 @@ class OutboxStats:
     dead_letters_by_code: dict[str, int]
     #: Pending events behind a dead letter of their aggregate (ordered claims skip them).
     held_back: int = 0
+    #: Since the publish of the published event that became available first (None: none):
+    #: what retention keeps below its age.
+    oldest_published_age: dt.timedelta | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        age = self.oldest_pending_age
+        age, published = self.oldest_pending_age, self.oldest_published_age
         return {"counts": self.counts,
                 "oldest_pending_age_seconds": None if age is None else age.total_seconds(),
                 "expired_claims": self.expired_claims,
                 "dead_letters_by_code": self.dead_letters_by_code,
-                "held_back": self.held_back}
+                "held_back": self.held_back,
+                "oldest_published_age_seconds": (None if published is None
+                                                 else published.total_seconds())}
 
 
 def _chunks(ids: list[int]) -> Iterator[list[int]]:
@@ -670,20 +675,25 @@ class OutboxRepository:
     # -- operations ---------------------------------------------------------------------
 
     def purge_published(self, older_than: dt.timedelta | float, *,
-                        batch_size: int = 1000) -> int:
+                        batch_size: int = 1000, max_batches: int | None = None) -> int:
         """Delete ``published`` events published more than ``older_than`` ago, in batches of
-        ``batch_size`` rows, each its own statement. Returns how many were deleted.
+        ``batch_size`` rows, each its own statement, at most ``max_batches`` of them (None:
+        until none is left). Returns how many were deleted.
 
         Run it in autocommit: then each batch commits alone and no lock is held for long.
         """
         age = _checks.duration("older_than", older_than)
         batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
+        if max_batches is not None:
+            max_batches = _checks.positive_int("max_batches", max_batches)
         cutoff = _checks.before("older_than", self._now(), age)
         deleted = 0
-        for ids in self._pages(self._sql.OLD_PUBLISHED_PAGES, batch_size,
-                               caller_changes_rows=True, cutoff=cutoff):
+        for batch, ids in enumerate(self._pages(self._sql.OLD_PUBLISHED_PAGES, batch_size,
+                                                caller_changes_rows=True, cutoff=cutoff), 1):
             deleted += self._run(self._sql.PURGE_PUBLISHED, ids=self._family.id_list(ids),
                                  cutoff=cutoff).rowcount
+            if batch == max_batches:
+                break
         if deleted:
             logger.info("purged %s published outbox events", deleted)
         return deleted
@@ -699,8 +709,9 @@ class OutboxRepository:
 
     def stats(self, lock_timeout: dt.timedelta | float | None = None) -> OutboxStats:
         """Counts per status, the oldest dispatchable event's wait, claims older than
-        ``lock_timeout`` (None when not given), dead letters per ``last_error_code`` and how
-        many pending events wait behind a dead letter of their aggregate."""
+        ``lock_timeout`` (None when not given), dead letters per ``last_error_code``, how
+        many pending events wait behind a dead letter of their aggregate, and the age of the
+        oldest publish (of the published event that became available first)."""
         timeout = None if lock_timeout is None else _checks.duration("lock_timeout",
                                                                       lock_timeout)
         now = self._now()
@@ -714,7 +725,10 @@ class OutboxRepository:
             expired = self._run(self._sql.COUNT_EXPIRED, cutoff=expired_before).fetchone()[0]
         dead = dict(self._run(self._sql.DEAD_BY_CODE).fetchall())
         held_back = self._run(self._sql.HELD_BACK).fetchone()[0] if dead else 0
+        row = self._run(self._sql.OLDEST_PUBLISHED).fetchone() if counts["published"] else None
+        published = None if row is None or row[0] is None else max(dt.timedelta(0),
+                                                                   now - row[0])
         return OutboxStats(counts=counts,
                            oldest_pending_age=None if oldest is None else now - oldest,
                            expired_claims=expired, dead_letters_by_code=dead,
-                           held_back=held_back)
+                           held_back=held_back, oldest_published_age=published)
