@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Retention's soak (issue 33, part 1; not in CI): storage stays flat under a steady write rate.
+
+    python scripts/soak_retention.py [--database-url URL] [--rate 200] [--minutes 10]
+                                     [--retain 60] [--sample-every 15]
+
+Two runs at once on the same server, each in a fresh database of its own
+(``<database>_soak_retain_<pid>`` and ``<database>_soak_keep_<pid>``, dropped at the end), so
+that both meet the same load: writers commit ``--rate`` events a second (one event per
+transaction, on a fixed schedule: a late write does not make the next ones wait) while a relay
+publishes them to a publisher that takes everything; the first relay retains ``--retain``
+seconds (``Relay(retain=...)``, its default ``retain_every``), the second keeps every event.
+Every ``--sample-every`` seconds each run reads its table's rows per status and its size on disk
+(MySQL and MariaDB: ``ANALYZE TABLE``, then ``information_schema.TABLES`` data_length +
+index_length, and the tablespace file's size; PostgreSQL: ``pg_total_relation_size``).
+Prints one table per run, the writers' p50/p99 latency (BEGIN to COMMIT) per run, and the bound:
+rows at most rate × (retain + 2 × retain_every), and a size after the first
+``retain + 2 min`` that grows by at most 50 % over the rest of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
+
+from outbox_lite import OutboxRepository  # noqa: E402
+from outbox_lite import migrate as schema  # noqa: E402
+from outbox_lite._families.url import DatabaseUrl  # noqa: E402
+from outbox_lite.relay import Relay  # noqa: E402
+from outbox_lite.relay._retention import default_every  # noqa: E402
+
+DEFAULT_URL = "mysql://root@127.0.0.1:3306/outbox_lite_test"
+PAYLOAD = {"order": 0, "customer": "c-000000", "lines": [{"sku": "sku-0000", "qty": 1}] * 3,
+           "note": "x" * 120}
+
+
+class TakeAll:
+    """A publisher that takes every event (the broker is not what this measures)."""
+
+    def publish(self, events: Sequence[Any]) -> dict[int, BaseException]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _is_pg(url: DatabaseUrl) -> bool:
+    return url.scheme.startswith("postgres")
+
+
+def _size(database: Any, url: DatabaseUrl) -> tuple[int, int]:
+    """(bytes by the server's statistics, bytes of the table's file(s))."""
+    if _is_pg(url):
+        total = database.execute_sql(
+            "SELECT pg_total_relation_size('outbox_event')").fetchone()[0]
+        return int(total), int(total)
+    database.execute_sql("ANALYZE TABLE outbox_event").fetchall()
+    stats = database.execute_sql(
+        "SELECT data_length + index_length FROM information_schema.TABLES"
+        " WHERE table_schema = DATABASE() AND table_name = 'outbox_event'").fetchone()[0]
+    name = f"{url.name}/outbox_event"
+    for table in ("INNODB_TABLESPACES", "INNODB_SYS_TABLESPACES"):
+        try:
+            row = database.execute_sql(
+                f"SELECT FILE_SIZE FROM information_schema.{table} WHERE NAME = %s",
+                (name,)).fetchone()
+        except Exception:  # noqa: BLE001 - the other server's name for it
+            continue
+        if row is not None:
+            return int(stats), int(row[0])
+    return int(stats), -1
+
+
+def run_one(url: DatabaseUrl, retain: float | None, rate: float, seconds: float,
+            sample_every: float) -> dict[str, Any]:
+    """One run in ``url``'s (fresh) database; returns its samples and latencies."""
+    url.drop_database()
+    url.create_database()
+    setup = url.database()
+    schema.migrate(setup)
+    setup.close()
+    stop = threading.Event()
+    latencies: list[float] = []
+    late = [0]
+    errors: list[str] = []
+
+    def write() -> None:
+        database = url.database()
+        repo = OutboxRepository(database)
+        start = time.monotonic()
+        n = 0
+        while not stop.is_set():
+            due = start + n / rate
+            now = time.monotonic()
+            if due > now:
+                time.sleep(due - now)
+            elif now - due > 0.05:
+                late[0] += 1
+            began = time.monotonic()
+            try:
+                with database.atomic():
+                    repo.create_in_transaction(event_type="order.placed",
+                                               aggregate_type="order", aggregate_id=str(n),
+                                               payload=PAYLOAD)
+            except Exception as exc:  # noqa: BLE001 - counted and shown, the run goes on
+                errors.append(repr(exc))
+            latencies.append(time.monotonic() - began)
+            n += 1
+        database.close()
+
+    relay_db = url.database()
+    relay = Relay(OutboxRepository(relay_db), TakeAll(), retain=retain, progress_every=0)
+    threads = [threading.Thread(target=write, name="writer"),
+               threading.Thread(target=relay.run, args=(stop,), name="relay")]
+    for thread in threads:
+        thread.start()
+    sampler = url.database()
+    samples = []
+    started = time.monotonic()
+    try:
+        while True:
+            elapsed = time.monotonic() - started
+            counts = dict(sampler.execute_sql(
+                "SELECT status, COUNT(*) FROM outbox_event GROUP BY status").fetchall())
+            stats_bytes, file_bytes = _size(sampler, url)
+            window = latencies[-int(rate * sample_every):]
+            samples.append({"t": round(elapsed), "rows": sum(counts.values()),
+                            "published": counts.get("published", 0),
+                            "pending": counts.get("pending", 0),
+                            "stats_bytes": stats_bytes, "file_bytes": file_bytes,
+                            "p99_ms": _pct(window, 0.99) * 1000,
+                            "retained": relay.stats.retained})
+            if elapsed >= seconds:
+                break
+            time.sleep(max(0.0, started + len(samples) * sample_every - time.monotonic()))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        sampler.close()
+        relay_db.close()
+        url.drop_database()
+    return {"retain": retain, "samples": samples, "writes": len(latencies),
+            "p50_ms": _pct(latencies, 0.50) * 1000, "p99_ms": _pct(latencies, 0.99) * 1000,
+            "late": late[0], "errors": errors[:5], "error_count": len(errors),
+            "retained": relay.stats.retained, "published": relay.stats.published}
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _report(name: str, run: dict[str, Any], rate: float, args: argparse.Namespace) -> bool:
+    print(f"\n{name}: {run['writes']:,} writes, {run['published']:,} published,"
+          f" {run['retained']:,} deleted by retention; writers p50 {run['p50_ms']:.2f} ms,"
+          f" p99 {run['p99_ms']:.2f} ms; {run['late']} writes started >50 ms late,"
+          f" {run['error_count']} errors {run['errors']}")
+    print(f"{'t (s)':>6} {'rows':>8} {'published':>9} {'pending':>7} {'stats MB':>9}"
+          f" {'file MB':>8} {'p99 ms':>7} {'retained':>9}")
+    for s in run["samples"]:
+        print(f"{s['t']:>6} {s['rows']:>8,} {s['published']:>9,} {s['pending']:>7,}"
+              f" {s['stats_bytes'] / 2**20:>9.2f} {s['file_bytes'] / 2**20:>8.2f}"
+              f" {s['p99_ms']:>7.2f} {s['retained']:>9,}")
+    if run["retain"] is None:
+        return True
+    every = default_every(dt.timedelta(seconds=args.retain))
+    bound = rate * (args.retain + 2 * every)
+    rows_max = max(s["rows"] for s in run["samples"])
+    settled = [s for s in run["samples"] if s["t"] >= args.retain + 120]
+    ok = rows_max <= bound
+    print(f"bound: rows <= rate x (retain + 2 x retain_every) = {rate:g} x ({args.retain:g}"
+          f" + 2 x {every:g}) = {bound:,.0f}: max {rows_max:,} {'ok' if ok else 'EXCEEDED'}")
+    for key, label in (("stats_bytes", "size by statistics"), ("file_bytes", "file size")):
+        if settled and settled[0][key] > 0:
+            first, top = settled[0][key], max(s[key] for s in settled)
+            grew = top / first - 1
+            print(f"bound: {label} from t={settled[0]['t']} s grows <= 50 %:"
+                  f" {first / 2**20:.2f} MB -> max {top / 2**20:.2f} MB ({grew:+.0%})"
+                  f" {'ok' if grew <= 0.5 else 'EXCEEDED'}")
+            ok = ok and grew <= 0.5
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default=DEFAULT_URL, metavar="URL")
+    parser.add_argument("--rate", type=float, default=200.0, help="events a second (200)")
+    parser.add_argument("--minutes", type=float, default=10.0, help="each run's length (10)")
+    parser.add_argument("--retain", type=float, default=60.0, help="seconds retained (60)")
+    parser.add_argument("--sample-every", type=float, default=15.0, help="seconds (15)")
+    parser.add_argument("--mode", choices=["retain", "keep"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    base = DatabaseUrl.parse(args.database_url)
+    if args.mode:  # one run, in a process of its own: the parent starts both at once
+        url = base.with_name(f"{base.name}_soak_{args.mode}_{os.getppid()}")
+        run = run_one(url, args.retain if args.mode == "retain" else None, args.rate,
+                      args.minutes * 60, args.sample_every)
+        print(json.dumps(run))
+        return 0
+    print(f"soak on {base.scheme}://{base.host}:{base.port}: {args.rate:g} events/s for"
+          f" {args.minutes:g} min, retain {args.retain:g} s beside keep-everything;"
+          f" load before {os.getloadavg()[0]:.2f}", flush=True)
+    children = {mode: subprocess.Popen([sys.executable, __file__, *(argv or sys.argv[1:]),
+                                        "--mode", mode], stdout=subprocess.PIPE, text=True)
+                for mode in ("retain", "keep")}
+    runs = {}
+    for mode, child in children.items():
+        out, _ = child.communicate()
+        if child.returncode != 0:
+            print(f"{mode} run failed ({child.returncode})")
+            return 1
+        runs[mode] = json.loads(out.strip().splitlines()[-1])
+    ok = _report(f"retain {args.retain:g} s", runs["retain"], args.rate, args)
+    _report("keep everything", runs["keep"], args.rate, args)
+    print(f"\nwriters' p99: {runs['retain']['p99_ms']:.2f} ms with retention,"
+          f" {runs['keep']['p99_ms']:.2f} ms without; load after {os.getloadavg()[0]:.2f}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
