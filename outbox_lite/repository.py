@@ -455,13 +455,12 @@ class OutboxRepository:
                 if ids:
                     yield ids
                 return
-            statement = pages.next
             if caller_changes_rows:
-                values.update(after_key=self._key_of(pages, ids[-1]), after_id=ids[-1])
+                statement = self._resume_after(pages, ids, values)
                 yield ids
             else:
                 yield ids
-                values.update(after_key=self._key_of(pages, ids[-1]), after_id=ids[-1])
+                statement = self._resume_after(pages, ids, values)
 
     def _heads(self, now: dt.datetime, size: int) -> Iterator[list[int]]:
         """Ids of the heads of the aggregates with dispatchable events, in pages: those of
@@ -480,8 +479,16 @@ class OutboxRepository:
                 return
             size *= 2
 
-    def _key_of(self, pages: Any, event_id: int) -> Any:
-        return self._run(pages.key_of, id=event_id).fetchone()[0]
+    def _resume_after(self, pages: Any, ids: list[int], values: dict[str, Any]) -> Any:
+        """The statement of the page after ``ids`` (``values`` updated for it): after the last
+        of them whose row is still there, as another session may have deleted some meanwhile
+        (two purges at once, on two Galera nodes say); the first page again when none is."""
+        for event_id in reversed(ids):
+            row = self._run(pages.key_of, id=event_id).fetchone()
+            if row is not None:
+                values.update(after_key=row[0], after_id=event_id)
+                return pages.next
+        return pages.first
 
     # -- outcomes -----------------------------------------------------------------------
 
