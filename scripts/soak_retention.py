@@ -38,7 +38,7 @@ from outbox_lite import OutboxRepository  # noqa: E402
 from outbox_lite import migrate as schema  # noqa: E402
 from outbox_lite._families.url import DatabaseUrl  # noqa: E402
 from outbox_lite.relay import Relay  # noqa: E402
-from outbox_lite.relay._retention import default_every  # noqa: E402
+from outbox_lite._named_lock import default_retain_every  # noqa: E402
 
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/outbox_lite_test"
 PAYLOAD = {"order": 0, "customer": "c-000000", "lines": [{"sku": "sku-0000", "qty": 1}] * 3,
@@ -177,7 +177,7 @@ def _report(name: str, run: dict[str, Any], rate: float, args: argparse.Namespac
               f" {s['p99_ms']:>7.2f} {s['retained']:>9,}")
     if run["retain"] is None:
         return True
-    every = default_every(dt.timedelta(seconds=args.retain))
+    every = default_retain_every(dt.timedelta(seconds=args.retain))
     bound = rate * (args.retain + 2 * every)
     rows_max = max(s["rows"] for s in run["samples"])
     settled = [s for s in run["samples"] if s["t"] >= args.retain + 120]

@@ -320,12 +320,12 @@ INBOX_COUNT_OLD_OF = Statement(
 # -- named locks: one session at a time does a chore (``outbox_lite._named_lock``) ------------
 
 #: A user-level lock of this session, never waited for (timeout 0): 1 taken, 0 held by another
-#: session. GET_LOCK names are server-wide, so the name is hashed with the database's own; the
-#: lock goes with the session (a lost connection releases it). Galera: see _named_lock.
-TRY_LOCK = Statement(
-    "SELECT GET_LOCK(CONCAT('outbox_lite:', SHA1(CONCAT(DATABASE(), '/', %(name)s))), 0)")
-UNLOCK = Statement(
-    "SELECT RELEASE_LOCK(CONCAT('outbox_lite:', SHA1(CONCAT(DATABASE(), '/', %(name)s))))")
+#: session. GET_LOCK names are server-wide and at most 64 characters, so the name is hashed
+#: with the database's own (SHA2: MySQL 9 has no SHA1()); the lock goes with the session (a
+#: lost connection releases it). Galera: see _named_lock.
+_LOCK_NAME = "CONCAT('outbox_lite:', LEFT(SHA2(CONCAT(DATABASE(), '/', %(name)s), 256), 48))"
+TRY_LOCK = Statement(f"SELECT GET_LOCK({_LOCK_NAME}, 0)")
+UNLOCK = Statement(f"SELECT RELEASE_LOCK({_LOCK_NAME})")
 
 # -- the session, the clock, the schema ------------------------------------------------------
 
