@@ -40,7 +40,7 @@ __all__ = ["Chore", "try_lock"]
 logger = logging.getLogger(__name__)
 
 #: A retention pass (the relay's, the inbox's): rows per DELETE, and DELETEs per pass, so a
-#: pass deletes at most 10,000 rows and what is left waits for the next one.
+#: pass deletes at most 10,000 rows; when it found that many, the next pass is due at once.
 RETAIN_BATCH_SIZE = 500
 RETAIN_MAX_BATCHES = 20
 
@@ -85,15 +85,19 @@ def _release(database: pw.Database, name: str) -> None:
 
 class Chore:
     """``work`` (returning a count) done on ``database`` under the named lock ``name``, at
-    most every ``every`` seconds of ``clock``: by one session of the database at a time."""
+    most every ``every`` seconds of ``clock``: by one session of the database at a time. A
+    pass whose count reaches ``full`` (a bounded pass that found more to do) makes the next
+    one due at once, so a backlog is caught up pass after pass."""
 
     def __init__(self, database: pw.Database, name: str, every: float,
-                 work: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> None:
+                 work: Callable[[], int], clock: Callable[[], float] = time.monotonic,
+                 full: int | None = None) -> None:
         self.database = database
         self.name = name
         self.every = every
         self._work = work
         self._clock = clock
+        self._full = full
         self._next = 0.0
 
     def due(self) -> bool:
@@ -106,7 +110,11 @@ class Chore:
 
     def run(self) -> int:
         """A pass now: ``work()`` under the lock, or 0 at once when another session holds
-        it. The next pass is due ``every`` seconds from now, whatever this one did or raised."""
+        it. The next pass is due ``every`` seconds from now, whatever this one did or raised,
+        or at once when this one was full."""
         self._next = self._clock() + self.every
         with try_lock(self.database, self.name) as taken:
-            return self._work() if taken else 0
+            done = self._work() if taken else 0
+        if self._full is not None and done >= self._full:
+            self._next = 0.0
+        return done

@@ -110,7 +110,8 @@ class Inbox:
             _checks.duration("retain_every", retain_every).total_seconds(),
             functools.partial(purge, self.database, self.retain_age, consumer=self.consumer,
                               batch_size=RETAIN_BATCH_SIZE, max_batches=RETAIN_MAX_BATCHES,
-                              clock=self.clock))
+                              clock=self.clock),
+            full=RETAIN_BATCH_SIZE * RETAIN_MAX_BATCHES)
 
     def __repr__(self) -> str:
         return f"<Inbox consumer={self.consumer!r}>"

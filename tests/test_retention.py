@@ -103,11 +103,13 @@ def test_a_pass_is_bounded_and_the_next_one_goes_on(server_repo, fetch):
     ids = seed(server_repo, 1203)
     _set(fetch, ids, "published", "2 HOUR")
     retention = Retention(server_repo, HOUR, batch_size=500, max_batches=2)
-    assert retention.run() == 1000
+    assert retention.every == 60.0  # a tenth of an hour, at most 60 s
+    assert retention.run_if_due() == 1000
     assert len(_ids(fetch)) == 203
-    assert not retention.due()  # every: a tenth of an hour, at most 60 s
-    assert retention.every == 60.0
-    assert retention.run() == 203
+    assert retention.due()  # a full pass: more may wait, the next round goes on
+    assert retention.run_if_due() == 203
+    assert not retention.due()  # not full: the next pass in 60 s
+    assert retention.run_if_due() == 0
     assert _ids(fetch) == {}
 
 

@@ -6,7 +6,7 @@ A pass is due at most every ``retain_every`` seconds. It takes the database's na
 finds it held skips the pass at once. The holder deletes with
 :meth:`~outbox_lite.repository.OutboxRepository.purge_published` in autocommit, ``batch_size``
 rows a statement, at most ``max_batches`` statements a pass, so a round is never held up long;
-what is left waits for the next pass. Each DELETE names its rows by primary key and repeats
+a full pass makes the next one due at the next round, so a backlog drains pass after pass. Each DELETE names its rows by primary key and repeats
 ``status = 'published'``: it never touches a pending, processing or failed row (dead letters are
 kept until an operator acts), so no writer's INSERT and no claim's locking read waits on it.
 """
@@ -41,7 +41,7 @@ class Retention(Chore):
         super().__init__(repository.database, LOCK_NAME,
                          default_retain_every(self.retain) if every is None else
                          _checks.duration("retain_every", every).total_seconds(),
-                         self._purge, clock)
+                         self._purge, clock, full=self.batch_size * self.max_batches)
 
     def _purge(self) -> int:
         return self.repository.purge_published(self.retain, batch_size=self.batch_size,
