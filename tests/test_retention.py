@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+import types
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -24,6 +25,7 @@ from outbox_lite.metrics import RelayMetrics
 from outbox_lite.relay import Relay
 from outbox_lite.relay._retention import LOCK_NAME, Retention
 
+from _docs import block
 from _helpers import FAMILY, capture_sql, run_threads, seed
 from _relays import finish, relay_process
 
@@ -387,3 +389,17 @@ def test_no_delete_of_a_purge_names_more_than_500_rows(db, server_repo, fetch):
              for params in deletes]
     assert sizes == [501, 501, 201, 502, 502, 202], sizes
     assert _ids(fetch) == {} and _records(fetch) == []
+
+
+def test_the_consuming_guides_retention_block_runs(db, fetch):
+    """docs/guides/consuming.md's loop, as written, given its names: old records of the
+    consumer go at the first call, the messages handled once each, a redelivery skipped."""
+    _received(fetch, "billing", "last-week", "8 DAY")
+    _received(fetch, "billing", "yesterday", "1 DAY")
+    handled = []
+    deliveries = [types.SimpleNamespace(id=i) for i in ("m1", "m2", "m1")]
+    exec(block("docs/guides/consuming.md", "inbox.retain()", lang="python"),
+         {"Inbox": Inbox, "dt": dt, "db": db, "deliveries": deliveries,
+          "handle": lambda message: handled.append(message.id)})
+    assert handled == ["m1", "m2"]
+    assert _records(fetch) == [("billing", "m1"), ("billing", "m2"), ("billing", "yesterday")]
