@@ -85,20 +85,6 @@ def not_a_publisher() -> object:
     return object()
 
 
-class _TakeAll:
-    """Publishes nothing anywhere and reports every event published."""
-
-    def publish(self, events: Sequence[Any]) -> Mapping[int, BaseException]:
-        return {}
-
-    def close(self) -> None:
-        pass
-
-
-def take_all() -> _TakeAll:
-    return _TakeAll()
-
-
 class Unavailable(Exception):
     """A broker's temporary refusal: the event is retried."""
 

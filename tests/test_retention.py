@@ -28,16 +28,9 @@ from outbox_lite.relay._retention import LOCK_NAME, Retention
 from _docs import block
 from _helpers import FAMILY, capture_sql, run_threads, seed
 from _relays import finish, relay_process
+from _wake_publishers import accept_all
 
 HOUR = dt.timedelta(hours=1)
-
-
-class _TakeAll:
-    def publish(self, events):
-        return {}
-
-    def close(self):
-        pass
 
 
 @pytest.fixture
@@ -81,7 +74,7 @@ def _mixed(server_repo, fetch):
 
 def test_a_relay_deletes_exactly_the_published_events_older_than_retain(server_repo, fetch):
     gone, kept = _mixed(server_repo, fetch)
-    relay = Relay(server_repo, _TakeAll(), retain=HOUR, progress_every=0)
+    relay = Relay(server_repo, accept_all(), retain=HOUR, progress_every=0)
     result = relay.run_once()
     assert result.retained == len(gone) == 4
     assert relay.stats.retained == 4
@@ -241,7 +234,7 @@ def test_the_relay_retains_while_writers_write_and_no_one_waits(db, server_repo,
 def test_metrics_count_what_retention_deleted_and_the_oldest_publish_kept(server_repo, fetch):
     gone, kept = _mixed(server_repo, fetch)
     metrics = RelayMetrics(CollectorRegistry(), stats_every=3600)
-    relay = Relay(server_repo, _TakeAll(), retain=HOUR, metrics=metrics, progress_every=0)
+    relay = Relay(server_repo, accept_all(), retain=HOUR, metrics=metrics, progress_every=0)
     relay.run_once()
     relay._read_stats()
     families = {m.name: m for m in metrics.collect()}
@@ -262,13 +255,13 @@ def test_metrics_count_what_retention_deleted_and_the_oldest_publish_kept(server
 
 def test_relay_options_are_checked(server_repo):
     with pytest.raises(OutboxError):
-        Relay(server_repo, _TakeAll(), retain=0)
+        Relay(server_repo, accept_all(), retain=0)
     with pytest.raises(OutboxError):
-        Relay(server_repo, _TakeAll(), retain=60, retain_every=-1)
-    assert Relay(server_repo, _TakeAll()).retention is None
-    assert Relay(server_repo, _TakeAll(), retain=30).retention.every == 3.0
-    assert Relay(server_repo, _TakeAll(), retain=5).retention.every == 1.0
-    assert Relay(server_repo, _TakeAll(), retain=dt.timedelta(days=7)).retention.every == 60.0
+        Relay(server_repo, accept_all(), retain=60, retain_every=-1)
+    assert Relay(server_repo, accept_all()).retention is None
+    assert Relay(server_repo, accept_all(), retain=30).retention.every == 3.0
+    assert Relay(server_repo, accept_all(), retain=5).retention.every == 1.0
+    assert Relay(server_repo, accept_all(), retain=dt.timedelta(days=7)).retention.every == 60.0
 
 
 # ---------------------------------------------------------------------------
@@ -296,7 +289,7 @@ def test_the_command_retains(db, db_url, server_repo, fetch):
     gone, kept = _mixed(server_repo, fetch)
     fetch("DELETE FROM outbox_event WHERE status = 'processing'")  # --until-empty waits
     kept = {i: s for i, s in kept.items() if s != "processing"}
-    code, out, err = finish(relay_process(db_url, "--publisher", "_relay_publishers:take_all",
+    code, out, err = finish(relay_process(db_url, "--publisher", "_wake_publishers:accept_all",
                                           "--until-empty", "--retain", "1h"))
     assert code == 0, err
     assert "4 deleted by retention" in err
