@@ -18,7 +18,9 @@ Prints one table per run, the writers' p50/p99 latency (BEGIN to COMMIT) per run
 reached, and the bounds checked: rows at most rate × (retain + 2 × retain_every); the size by
 the server's statistics at most 1.5 × that many rows at the keep-everything run's bytes per row
 (at its end); the file's size over the second half of the run at most 1.5 × its size at
-``retain + 2 min`` (flat, where the keep-everything run's grows all along).
+``retain + 2 min`` (flat, where the keep-everything run's grows all along). On PostgreSQL the
+space of deleted rows comes back only through VACUUM: with the server's autovacuum off, give
+``--vacuum-every 60`` to VACUUM the table as autovacuum would (the first line says which).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def _size(database: Any, url: DatabaseUrl) -> tuple[int, int]:
 
 
 def run_one(url: DatabaseUrl, retain: float | None, rate: float, seconds: float,
-            sample_every: float, writers: int) -> dict[str, Any]:
+            sample_every: float, writers: int, vacuum_every: float) -> dict[str, Any]:
     """One run in ``url``'s (fresh) database; returns its samples and latencies."""
     url.drop_database()
     url.create_database()
@@ -134,9 +136,13 @@ def run_one(url: DatabaseUrl, retain: float | None, rate: float, seconds: float,
     sampler = url.database()
     samples = []
     started = time.monotonic()
+    vacuumed = started
     try:
         while True:
             elapsed = time.monotonic() - started
+            if vacuum_every and time.monotonic() - vacuumed >= vacuum_every:
+                sampler.execute_sql("VACUUM outbox_event")  # as autovacuum would
+                vacuumed = time.monotonic()
             counts = dict(sampler.execute_sql(
                 "SELECT status, COUNT(*) FROM outbox_event GROUP BY status").fetchall())
             stats_bytes, file_bytes = _size(sampler, url)
@@ -162,6 +168,22 @@ def run_one(url: DatabaseUrl, retain: float | None, rate: float, seconds: float,
             "p50_ms": _pct(latencies, 0.50) * 1000, "p99_ms": _pct(latencies, 0.99) * 1000,
             "late": late[0], "errors": errors[:5], "error_count": len(errors),
             "retained": relay.stats.retained, "published": relay.stats.published}
+
+
+def _vacuum_note(url: DatabaseUrl, args: argparse.Namespace) -> str:
+    """PostgreSQL: whether the server's autovacuum runs, and this run's own VACUUMs."""
+    if not _is_pg(url):
+        return ""
+    conn = url.server_connection()
+    try:
+        cur = conn.cursor()
+        cur.execute("SHOW autovacuum")
+        setting = cur.fetchone()[0]
+    finally:
+        conn.close()
+    own = (f", a VACUUM every {args.vacuum_every:g} s by the soak" if args.vacuum_every
+           else "")
+    return f"; the server's autovacuum {setting}{own}"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -222,18 +244,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retain", type=float, default=60.0, help="seconds retained (60)")
     parser.add_argument("--sample-every", type=float, default=15.0, help="seconds (15)")
     parser.add_argument("--writers", type=int, default=4, help="writer threads (4)")
+    parser.add_argument("--vacuum-every", type=float, default=0.0, metavar="SECONDS",
+                        help="PostgreSQL: a plain VACUUM of the table every SECONDS in both"
+                             " runs, as autovacuum would (for a server where it is off;"
+                             " default 0: leave it to the server)")
     parser.add_argument("--mode", choices=["retain", "keep"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     base = DatabaseUrl.parse(args.database_url)
     if args.mode:  # one run, in a process of its own: the parent starts both at once
         url = base.with_name(f"{base.name}_soak_{args.mode}_{os.getppid()}")
         run = run_one(url, args.retain if args.mode == "retain" else None, args.rate,
-                      args.minutes * 60, args.sample_every, args.writers)
+                      args.minutes * 60, args.sample_every, args.writers, args.vacuum_every)
         print(json.dumps(run))
         return 0
     print(f"soak on {base.scheme}://{base.host}:{base.port}: {args.rate:g} events/s for"
           f" {args.minutes:g} min, retain {args.retain:g} s beside keep-everything;"
-          f" load before {os.getloadavg()[0]:.2f}", flush=True)
+          f" load before {os.getloadavg()[0]:.2f}{_vacuum_note(base, args)}", flush=True)
     children = {mode: subprocess.Popen([sys.executable, __file__, *(argv or sys.argv[1:]),
                                         "--mode", mode], stdout=subprocess.PIPE, text=True)
                 for mode in ("retain", "keep")}
