@@ -8,7 +8,8 @@ Two runs at once on the same server, each in a fresh database of its own
 (``<database>_soak_retain_<pid>`` and ``<database>_soak_keep_<pid>``, dropped at the end), so
 that both meet the same load: writers commit ``--rate`` events a second (one event per
 transaction, ``--writers`` threads each on a fixed schedule of its own share: a late write
-does not push the schedule back) while a relay
+does not push the schedule back, and a writer more than 1 s behind skips the slots it missed
+rather than bursting to catch up, so the rate never exceeds ``--rate``) while a relay
 publishes them to a publisher that takes everything; the first relay retains ``--retain``
 seconds (``Relay(retain=...)``, its default ``retain_every``), the second keeps every event.
 Every ``--sample-every`` seconds each run reads its table's rows per status and its size on disk
@@ -98,6 +99,7 @@ def run_one(url: DatabaseUrl, retain: float | None, rate: float, seconds: float,
     stop = threading.Event()
     latencies: list[float] = []
     late = [0]
+    skipped = [0]
     errors: list[str] = []
 
     def write(k: int) -> None:
@@ -111,6 +113,10 @@ def run_one(url: DatabaseUrl, retain: float | None, rate: float, seconds: float,
             now = time.monotonic()
             if due > now:
                 time.sleep(due - now)
+            elif now - due > 1.0:  # a second behind: skip the slots, never burst to catch up
+                skip = int((now - start) * share) - n
+                skipped[0] += skip
+                n += skip
             elif now - due > 0.05:
                 late[0] += 1
             began = time.monotonic()
@@ -166,7 +172,8 @@ def run_one(url: DatabaseUrl, retain: float | None, rate: float, seconds: float,
     return {"retain": retain, "samples": samples, "writes": len(latencies),
             "rate": len(latencies) / max(1.0, samples[-1]["t"]),
             "p50_ms": _pct(latencies, 0.50) * 1000, "p99_ms": _pct(latencies, 0.99) * 1000,
-            "late": late[0], "errors": errors[:5], "error_count": len(errors),
+            "late": late[0], "skipped": skipped[0], "errors": errors[:5],
+            "error_count": len(errors),
             "retained": relay.stats.retained, "published": relay.stats.published}
 
 
@@ -199,6 +206,7 @@ def _report(name: str, run: dict[str, Any], rate: float, args: argparse.Namespac
           f" {run['published']:,} published,"
           f" {run['retained']:,} deleted by retention; writers p50 {run['p50_ms']:.2f} ms,"
           f" p99 {run['p99_ms']:.2f} ms; {run['late']} writes started >50 ms late,"
+          f" {run['skipped']} skipped (over 1 s late),"
           f" {run['error_count']} errors {run['errors']}")
     print(f"{'t (s)':>6} {'rows':>8} {'published':>9} {'pending':>7} {'stats MB':>9}"
           f" {'file MB':>8} {'p99 ms':>7} {'retained':>9}")
