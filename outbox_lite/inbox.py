@@ -32,12 +32,17 @@ ends, and inserts of ids sorting in that gap wait for it (``README``, "How the i
 
 ``purge`` deletes old records in autocommit, a page of keys at a time read lock-free through
 the ``received_at`` index, each page deleted by primary key in statements that commit alone.
+``Inbox(..., retain=AGE)`` makes that a consumer's chore: :meth:`Inbox.retain`, called between
+messages, purges the consumer's records older than ``AGE`` when a pass is due, in a bounded
+pass, by one process of the consumer at a time (a named lock of the database, never waited
+for: :mod:`outbox_lite._named_lock`). ``accept`` never purges.
 Nothing here opens, commits or rolls back a transaction.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 import logging
 import operator
@@ -49,6 +54,7 @@ from . import _checks, _schema
 from ._clock import server_clock
 from ._db import execute
 from ._families import family_of
+from ._named_lock import RETAIN_BATCH_SIZE, RETAIN_MAX_BATCHES, Chore, default_retain_every
 from .errors import OutboxError, TransactionRequiredError
 
 __all__ = ["Inbox", "MAX_CONSUMER_LENGTH", "MAX_MESSAGE_ID_LENGTH", "TABLE_NAME",
@@ -63,6 +69,7 @@ MAX_CONSUMER_LENGTH = 64
 MAX_MESSAGE_ID_LENGTH = 704
 
 _CONSUMER = operator.itemgetter(1)
+_DELETE_CHUNK = 500  # keys per DELETE
 
 
 def _consumer(value: Any) -> str:
@@ -78,19 +85,33 @@ class Inbox:
     one message each handle it once. ``clock`` gives ``received_at`` and the purge ages: by
     default (None) the database server's clock, as :class:`~outbox_lite.OutboxRepository`'s,
     so hosts whose wall clocks disagree agree on a record's age; a callable returning an
-    aware datetime replaces it (tests inject one). Raises TypeError for a database that is
-    not MySQL/MariaDB's (or not utf8mb4) and InvalidEventError for a bad ``consumer``,
-    before any SQL.
+    aware datetime replaces it (tests inject one). ``retain`` (a timedelta or seconds; None,
+    the default: keep every record) is the age past which :meth:`retain` deletes this
+    consumer's records, at most every ``retain_every`` seconds (default: a tenth of
+    ``retain``, from 1 to 60). Raises TypeError for a database that is not MySQL/MariaDB's
+    (or not utf8mb4) and InvalidEventError for a bad ``consumer``, before any SQL.
     """
 
     def __init__(self, database: pw.Database, consumer: str, *,
-                 clock: Callable[[], dt.datetime] | None = None) -> None:
+                 clock: Callable[[], dt.datetime] | None = None,
+                 retain: dt.timedelta | float | None = None,
+                 retain_every: float | None = None) -> None:
         self.database = _checks.database(database)
         self._family = family_of(self.database)
         self.consumer = _consumer(consumer)
         self._now = _reader(self.database, clock)
         self.clock = server_clock(self.database) if clock is None else clock
         self._schema_checked = False
+        #: The age past which :meth:`retain` deletes records (None: records are kept).
+        self.retain_age = None if retain is None else _checks.duration("retain", retain)
+        self._retention = None if self.retain_age is None else Chore(
+            self.database, f"outbox_lite.inbox_retain/{self.consumer}",
+            default_retain_every(self.retain_age) if retain_every is None else
+            _checks.duration("retain_every", retain_every).total_seconds(),
+            functools.partial(purge, self.database, self.retain_age, consumer=self.consumer,
+                              batch_size=RETAIN_BATCH_SIZE, max_batches=RETAIN_MAX_BATCHES,
+                              clock=self.clock),
+            full=RETAIN_BATCH_SIZE * RETAIN_MAX_BATCHES)
 
     def __repr__(self) -> str:
         return f"<Inbox consumer={self.consumer!r}>"
@@ -135,6 +156,19 @@ class Inbox:
         return purge(self.database, older_than, consumer=self.consumer, batch_size=batch_size,
                      clock=self.clock)
 
+    def retain(self, *, now: bool = False) -> int:
+        """Retention's pass, for a consumer to call between messages, outside a transaction:
+        when one is due (or ``now``) and no other process of this consumer is doing one (a
+        named lock, never waited for), delete this consumer's records older than ``retain``,
+        at most 10,000 in 500-row statements. Returns how many were deleted (0 when none was
+        due, another process was doing it, or the inbox was made without ``retain``).
+        OutboxError inside a transaction, before any SQL."""
+        if self._retention is None:
+            return 0
+        if self.database.in_transaction():
+            raise OutboxError("retain() runs outside any transaction, between messages")
+        return self._retention.run() if now else self._retention.run_if_due()
+
 
 def _reader(database: pw.Database,
             clock: Callable[[], dt.datetime] | None) -> Callable[[], dt.datetime]:
@@ -151,10 +185,12 @@ def _cutoff(database: pw.Database, older_than: Any, consumer: Any,
 
 def purge(database: pw.Database, older_than: dt.timedelta | float, *,
           consumer: str | None = None, batch_size: int = 1000,
-          clock: Callable[[], dt.datetime] | None = None) -> int:
+          clock: Callable[[], dt.datetime] | None = None,
+          max_batches: int | None = None) -> int:
     """Delete the inbox records of ``consumer`` (None: of every consumer) received more than
     ``older_than`` ago by ``clock`` (None: the database server's), ``batch_size`` rows per
-    page. Returns how many were deleted.
+    page, at most ``max_batches`` pages (None: until none is left). Returns how many were
+    deleted.
 
     Runs in autocommit only (OutboxError inside a transaction, before any SQL): each DELETE
     then commits alone and holds its record locks for one statement. Inside a transaction
@@ -170,6 +206,8 @@ def purge(database: pw.Database, older_than: dt.timedelta | float, *,
             "purge() runs in autocommit, outside any transaction: each batch commits alone, "
             "so no record stays locked longer than one statement")
     batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
+    if max_batches is not None:
+        max_batches = _checks.positive_int("max_batches", max_batches)
     cutoff, consumer = _cutoff(database, older_than, consumer, clock)
     _schema.check(database, (TABLE_NAME,))
     family = family_of(database)
@@ -179,16 +217,21 @@ def purge(database: pw.Database, older_than: dt.timedelta | float, *,
     first, later = ((sql.INBOX_OLD, sql.INBOX_OLD_SINCE) if consumer is None else
                     (sql.INBOX_OLD_OF, sql.INBOX_OLD_OF_SINCE))
     values: dict[str, Any] = {"cutoff": cutoff, "consumer": consumer, "size": batch_size}
-    deleted = 0
+    deleted = pages = 0
     statement = first
     while True:
+        pages += 1
         page = execute(database, statement, statement.params(values)).fetchall()
         for name, rows in itertools.groupby(sorted(page, key=_CONSUMER), key=_CONSUMER):
-            ids = family.id_list([row[2] for row in rows])
-            delete = sql.INBOX_DELETE
-            deleted += execute(database, *delete.bind(
-                {"consumer": name, "ids": ids, "cutoff": cutoff})).rowcount
-        if len(page) < batch_size:
+            keys = [row[2] for row in rows]
+            # At most 500 keys a DELETE: MariaDB turns an IN list of 1,000 values or more
+            # (in_predicate_conversion_threshold) into a join that scans and locks the table.
+            for start in range(0, len(keys), _DELETE_CHUNK):
+                ids = family.id_list(keys[start:start + _DELETE_CHUNK])
+                delete = sql.INBOX_DELETE
+                deleted += execute(database, *delete.bind(
+                    {"consumer": name, "ids": ids, "cutoff": cutoff})).rowcount
+        if len(page) < batch_size or pages == max_batches:
             break
         statement = later
         values["since"] = page[-1][0]

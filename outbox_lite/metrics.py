@@ -16,12 +16,17 @@ families:
                                                        rolled back for a lock conflict (a
                                                        deadlock, a lock wait, a COMMIT a
                                                        cluster refused), each retried
+``outbox_relay_retained_total``             counter    published events retention deleted
+                                                       (``Relay(retain=...)``)
 ``outbox_relay_publish_seconds``            histogram  one batch's publish
 ``outbox_relay_lag_seconds``                histogram  from an event's ``available_at`` to its
                                                        publish being recorded
 ``outbox_events{status}``                   gauge      events per status, from ``stats()``
 ``outbox_oldest_pending_age_seconds``       gauge      from ``stats()`` (0 when none)
 ``outbox_held_back_events``                 gauge      from ``stats()``
+``outbox_oldest_published_age_seconds``     gauge      from ``stats()``: since the publish of
+                                                       the published event that became
+                                                       available first (0 when none)
 ==========================================  =========  ==========================================
 
 The only labels are ``outcome`` and ``status``, each of a few fixed values: never an aggregate,
@@ -123,6 +128,7 @@ class RelayMetrics:
         self._lock = threading.Lock()
         self._events = dict.fromkeys(OUTCOMES, 0)
         self._released = self._publish_errors = self._rounds = self._conflicts = 0
+        self._retained = 0
         self._publish = _Histogram("publish", publish_buckets)
         self._lag = _Histogram("lag", lag_buckets)
         self._stats: OutboxStats | None = None
@@ -151,6 +157,7 @@ class RelayMetrics:
             self._released += counts.released
             self._publish_errors += counts.publish_errors
             self._conflicts += counts.lock_conflicts
+            self._retained += counts.retained
             if at is not None:
                 for event in published:
                     self._lag.observe(max(0.0, (at - event.available_at).total_seconds()))
@@ -179,7 +186,7 @@ class RelayMetrics:
         with self._lock:
             events, stats = dict(self._events), self._stats
             released, errors, rounds = self._released, self._publish_errors, self._rounds
-            conflicts = self._conflicts
+            conflicts, retained = self._conflicts, self._retained
             publish = self._publish.family(
                 "outbox_relay_publish_seconds", "Seconds one batch's publish took")
             lag = self._lag.family(
@@ -193,7 +200,8 @@ class RelayMetrics:
                     ("outbox_relay_publish_errors", "Batches whose publish raised", errors),
                     ("outbox_relay_rounds", "Rounds the relay ran", rounds),
                     ("outbox_relay_conflicts", "Transactions and statements rolled back for a"
-                     " lock conflict (a COMMIT a cluster refused too), each retried", conflicts)]
+                     " lock conflict (a COMMIT a cluster refused too), each retried", conflicts),
+                    ("outbox_relay_retained", "Published events retention deleted", retained)]
         yield family
         for name, documentation, value in counters:
             yield CounterMetricFamily(name, documentation, value=float(value))
@@ -207,15 +215,21 @@ class RelayMetrics:
         held = GaugeMetricFamily(
             "outbox_held_back_events",
             "Pending events behind a dead letter of their aggregate, from stats()")
+        published = GaugeMetricFamily(
+            "outbox_oldest_published_age_seconds",
+            "Seconds since the oldest publish still kept, from stats() (0 when none)")
         if stats is not None and not described:
             for status in OutboxStatus:
                 statuses.add_metric([status.value], float(stats.counts.get(status.value, 0)))
             age = stats.oldest_pending_age
             oldest.add_metric([], 0.0 if age is None else age.total_seconds())
             held.add_metric([], float(stats.held_back))
+            kept = stats.oldest_published_age
+            published.add_metric([], 0.0 if kept is None else kept.total_seconds())
         yield statuses
         yield oldest
         yield held
+        yield published
 
     # -- health ---------------------------------------------------------------------------
 

@@ -64,14 +64,19 @@ class OutboxStats:
     dead_letters_by_code: dict[str, int]
     #: Pending events behind a dead letter of their aggregate (ordered claims skip them).
     held_back: int = 0
+    #: Since the publish of the published event that became available first (None: none):
+    #: what retention keeps below its age.
+    oldest_published_age: dt.timedelta | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        age = self.oldest_pending_age
+        age, published = self.oldest_pending_age, self.oldest_published_age
         return {"counts": self.counts,
                 "oldest_pending_age_seconds": None if age is None else age.total_seconds(),
                 "expired_claims": self.expired_claims,
                 "dead_letters_by_code": self.dead_letters_by_code,
-                "held_back": self.held_back}
+                "held_back": self.held_back,
+                "oldest_published_age_seconds": (None if published is None
+                                                 else published.total_seconds())}
 
 
 def _chunks(ids: list[int]) -> Iterator[list[int]]:
@@ -450,13 +455,12 @@ class OutboxRepository:
                 if ids:
                     yield ids
                 return
-            statement = pages.next
             if caller_changes_rows:
-                values.update(after_key=self._key_of(pages, ids[-1]), after_id=ids[-1])
+                statement = self._resume_after(pages, ids, values)
                 yield ids
             else:
                 yield ids
-                values.update(after_key=self._key_of(pages, ids[-1]), after_id=ids[-1])
+                statement = self._resume_after(pages, ids, values)
 
     def _heads(self, now: dt.datetime, size: int) -> Iterator[list[int]]:
         """Ids of the heads of the aggregates with dispatchable events, in pages: those of
@@ -475,8 +479,16 @@ class OutboxRepository:
                 return
             size *= 2
 
-    def _key_of(self, pages: Any, event_id: int) -> Any:
-        return self._run(pages.key_of, id=event_id).fetchone()[0]
+    def _resume_after(self, pages: Any, ids: list[int], values: dict[str, Any]) -> Any:
+        """The statement of the page after ``ids`` (``values`` updated for it): after the last
+        of them whose row is still there, as another session may have deleted some meanwhile
+        (two purges at once, on two Galera nodes say); the first page again when none is."""
+        for event_id in reversed(ids):
+            row = self._run(pages.key_of, id=event_id).fetchone()
+            if row is not None:
+                values.update(after_key=row[0], after_id=event_id)
+                return pages.next
+        return pages.first
 
     # -- outcomes -----------------------------------------------------------------------
 
@@ -670,20 +682,29 @@ class OutboxRepository:
     # -- operations ---------------------------------------------------------------------
 
     def purge_published(self, older_than: dt.timedelta | float, *,
-                        batch_size: int = 1000) -> int:
+                        batch_size: int = 1000, max_batches: int | None = None) -> int:
         """Delete ``published`` events published more than ``older_than`` ago, in batches of
-        ``batch_size`` rows, each its own statement. Returns how many were deleted.
+        ``batch_size`` rows (each DELETE at most 500 of them, by primary key), at most
+        ``max_batches`` batches (None: until none is left). Returns how many were deleted.
 
         Run it in autocommit: then each batch commits alone and no lock is held for long.
         """
         age = _checks.duration("older_than", older_than)
         batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
+        if max_batches is not None:
+            max_batches = _checks.positive_int("max_batches", max_batches)
         cutoff = _checks.before("older_than", self._now(), age)
         deleted = 0
-        for ids in self._pages(self._sql.OLD_PUBLISHED_PAGES, batch_size,
-                               caller_changes_rows=True, cutoff=cutoff):
-            deleted += self._run(self._sql.PURGE_PUBLISHED, ids=self._family.id_list(ids),
-                                 cutoff=cutoff).rowcount
+        for batch, ids in enumerate(self._pages(self._sql.OLD_PUBLISHED_PAGES, batch_size,
+                                                caller_changes_rows=True, cutoff=cutoff), 1):
+            # At most 500 ids a DELETE, whatever the batch: MariaDB turns an IN list of
+            # in_predicate_conversion_threshold (1,000) values or more into a join that scans
+            # the whole table, locking every row and gap it passes (writers would wait).
+            for chunk in _chunks(ids):
+                deleted += self._run(self._sql.PURGE_PUBLISHED,
+                                     ids=self._family.id_list(chunk), cutoff=cutoff).rowcount
+            if batch == max_batches:
+                break
         if deleted:
             logger.info("purged %s published outbox events", deleted)
         return deleted
@@ -699,8 +720,9 @@ class OutboxRepository:
 
     def stats(self, lock_timeout: dt.timedelta | float | None = None) -> OutboxStats:
         """Counts per status, the oldest dispatchable event's wait, claims older than
-        ``lock_timeout`` (None when not given), dead letters per ``last_error_code`` and how
-        many pending events wait behind a dead letter of their aggregate."""
+        ``lock_timeout`` (None when not given), dead letters per ``last_error_code``, how
+        many pending events wait behind a dead letter of their aggregate, and the age of the
+        oldest publish (of the published event that became available first)."""
         timeout = None if lock_timeout is None else _checks.duration("lock_timeout",
                                                                       lock_timeout)
         now = self._now()
@@ -714,7 +736,10 @@ class OutboxRepository:
             expired = self._run(self._sql.COUNT_EXPIRED, cutoff=expired_before).fetchone()[0]
         dead = dict(self._run(self._sql.DEAD_BY_CODE).fetchall())
         held_back = self._run(self._sql.HELD_BACK).fetchone()[0] if dead else 0
+        row = self._run(self._sql.OLDEST_PUBLISHED).fetchone() if counts["published"] else None
+        published = None if row is None or row[0] is None else max(dt.timedelta(0),
+                                                                   now - row[0])
         return OutboxStats(counts=counts,
                            oldest_pending_age=None if oldest is None else now - oldest,
                            expired_claims=expired, dead_letters_by_code=dead,
-                           held_back=held_back)
+                           held_back=held_back, oldest_published_age=published)

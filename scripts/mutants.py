@@ -176,6 +176,28 @@ MUTANTS: list[Mutant] = [
            "        self._ring()\n        self.database.commit()\n        created = aware(now)",
            ("tests/test_create.py::test_rollback_leaves_neither_the_job_nor_the_event",
             "tests/test_transactions.py::test_no_method_begins_commits_or_rolls_back_anything")),
+    Mutant("retention: one relay of a database at a time (§13)", "the named lock is always taken",
+           "outbox_lite/_named_lock.py",
+           'taken = bool(execute(database, *sql.TRY_LOCK.bind({"name": name})).fetchone()[0])',
+           'taken = True or execute(database, *sql.TRY_LOCK.bind({"name": name}))',
+           ("tests/test_retention.py::"
+            "test_a_relay_that_finds_the_lock_held_skips_the_pass_without_waiting",
+            "tests/test_retention.py::"
+            "test_two_relays_at_once_only_one_purges_and_the_other_does_not_wait")),
+    Mutant("retention: only what is older than retain (§13)", "the relay purges at half the age",
+           "outbox_lite/relay/_retention.py",
+           "self.repository.purge_published(self.retain,",
+           "self.repository.purge_published(self.retain / 2,",
+           ("tests/test_retention.py::"
+            "test_a_relay_deletes_exactly_the_published_events_older_than_retain",)),
+    Mutant("a purge never holds a lock a writer waits on (§13)",
+           "one DELETE per batch, however large",
+           "outbox_lite/repository.py", "            for chunk in _chunks(ids):\n"
+           "                deleted += self._run(self._sql.PURGE_PUBLISHED,",
+           "            for chunk in [ids]:\n"
+           "                deleted += self._run(self._sql.PURGE_PUBLISHED,",
+           ("tests/test_retention.py::test_no_delete_of_a_purge_names_more_than_500_rows",
+            "tests/test_retention.py::test_writers_and_claimers_never_wait_on_a_big_purge")),
 ]
 
 

@@ -30,7 +30,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                  "_families/mysql_packet", "_families/postgresql",
                  "_families/postgresql_sql"),
     "table": ("_families/__init__",),
-    "connection": ("_db", "_session", "_clock", "_schema", "_checks"),
+    "connection": ("_db", "_session", "_clock", "_schema", "_checks", "_named_lock"),
     "records": ("repository", "inbox", "migrate", "wake", "tracing", "publishers/"),
     "relay": ("relay/", "metrics", "contention/", "__init__"),
     "cli": ("cli/",),

@@ -33,7 +33,9 @@ FAMILIES = {  # SPEC §8: name (as the parser names it) -> kind
     "outbox_relay_publish_errors": "counter", "outbox_relay_rounds": "counter",
     "outbox_relay_publish_seconds": "histogram", "outbox_relay_lag_seconds": "histogram",
     "outbox_events": "gauge", "outbox_oldest_pending_age_seconds": "gauge",
-    "outbox_held_back_events": "gauge"}
+    "outbox_held_back_events": "gauge",
+    # SPEC §13: retention
+    "outbox_relay_retained": "counter", "outbox_oldest_published_age_seconds": "gauge"}
 LABELS = {"outcome": {"published", "retried", "dead", "lost", "expired"},
           "status": {"pending", "processing", "published", "failed"}}
 
@@ -82,13 +84,21 @@ def _assert_bounded_labels(families):
                     assert value in LABELS[name], (family, name, value)
 
 
-def _assert_gauges_are(families, stats):
+def _assert_gauges_are(families, stats, *, same_clock=True):
+    """The gauges say ``stats``; without ``same_clock`` (the relay on the server's clock, the
+    test's repository on a fake one), the oldest publish's age only as a recent one."""
     for status in LABELS["status"]:
         assert _value(families, "outbox_events", status=status) == stats.counts[status]
     age = stats.oldest_pending_age
     assert _value(families, "outbox_oldest_pending_age_seconds") == (
         0.0 if age is None else age.total_seconds())
     assert _value(families, "outbox_held_back_events") == stats.held_back
+    kept, seen = stats.oldest_published_age, _value(families,
+                                                    "outbox_oldest_published_age_seconds")
+    if same_clock:
+        assert seen == (0.0 if kept is None else kept.total_seconds())
+    else:
+        assert 0.0 <= seen < 600.0
 
 
 # ---------------------------------------------------------------------------
@@ -198,7 +208,7 @@ def test_a_relay_process_counts_what_the_database_records(db, db_url, repo, fetc
         assert list(lag_buckets.values()) == sorted(lag_buckets.values())
         publishes, _, _ = _histogram(families, "outbox_relay_publish_seconds")
         assert 240 / 25 + 1 <= publishes <= rounds  # batches of 25, then the retried ones
-        _assert_gauges_are(families, stats)
+        _assert_gauges_are(families, stats, same_clock=False)
         assert _get(f"{relay.base}/healthz")[0] == 200
         # The progress lines say the same counts (rounds go on while the relay idles).
         line = _until(lambda: [p for p in relay.progress() if p["published"] == published],

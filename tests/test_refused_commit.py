@@ -113,7 +113,7 @@ def test_the_relay_outlives_refused_commits_and_records_every_outcome_once(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     with caplog.at_level(logging.INFO, logger="outbox_lite.relay"):
         relay.log_progress()
-    assert "(0 expired, 3 lock conflicts;" in caplog.records[-1].getMessage()
+    assert "(0 expired, 3 lock conflicts, 0 deleted by retention;" in caplog.records[-1].getMessage()
 
 
 def _sent(error):

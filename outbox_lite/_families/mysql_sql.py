@@ -256,6 +256,12 @@ HELD_BACK = Statement(
 )
 COUNT_BY_STATUS = Statement(
     f"SELECT status, COUNT(*) FROM {_BY_STATUS} GROUP BY status")
+#: When the published event that became available first was published: one entry of the
+#: status index and its row (``published_at`` is in no index; events are published in about
+#: the order they become available, so this is the oldest publish but for a straggler).
+OLDEST_PUBLISHED = Statement(
+    f"SELECT published_at FROM {_BY_STATUS} WHERE status = 'published'"
+    " ORDER BY available_at, id LIMIT 1")
 OLDEST_DISPATCHABLE = Statement(
     f"SELECT MIN(available_at) FROM {_BY_STATUS}"
     " WHERE status = 'pending' AND available_at <= %(now)s")
@@ -310,6 +316,16 @@ INBOX_COUNT_OLD = Statement(
 INBOX_COUNT_OLD_OF = Statement(
     f"SELECT COUNT(*) FROM {_INBOX_BY_AGE} WHERE received_at < %(cutoff)s"
     " AND consumer = %(consumer)s")
+
+# -- named locks: one session at a time does a chore (``outbox_lite._named_lock``) ------------
+
+#: A user-level lock of this session, never waited for (timeout 0): 1 taken, 0 held by another
+#: session. GET_LOCK names are server-wide and at most 64 characters, so the name is hashed
+#: with the database's own (SHA2: MySQL 9 has no SHA1()); the lock goes with the session (a
+#: lost connection releases it). Galera: see _named_lock.
+_LOCK_NAME = "CONCAT('outbox_lite:', LEFT(SHA2(CONCAT(DATABASE(), '/', %(name)s), 256), 48))"
+TRY_LOCK = Statement(f"SELECT GET_LOCK({_LOCK_NAME}, 0)")
+UNLOCK = Statement(f"SELECT RELEASE_LOCK({_LOCK_NAME})")
 
 # -- the session, the clock, the schema ------------------------------------------------------
 

@@ -229,6 +229,11 @@ HELD_BACK = Statement(
     " AND e.status = 'pending' WHERE f.status = 'failed'"
 )
 COUNT_BY_STATUS = Statement("SELECT status, COUNT(*) FROM outbox_event GROUP BY status")
+#: As MySQL's: the publish of the published event that became available first, one entry of
+#: the status index (status, available_at, id) and its row.
+OLDEST_PUBLISHED = Statement(
+    "SELECT published_at FROM outbox_event WHERE status = 'published'"
+    " ORDER BY available_at, id LIMIT 1")
 OLDEST_DISPATCHABLE = Statement(
     "SELECT MIN(available_at) FROM outbox_event"
     " WHERE status = 'pending' AND available_at <= %(now)s")
@@ -274,6 +279,14 @@ INBOX_COUNT_OLD = Statement("SELECT COUNT(*) FROM inbox_message WHERE received_a
 INBOX_COUNT_OLD_OF = Statement(
     "SELECT COUNT(*) FROM inbox_message WHERE received_at < %(cutoff)s"
     " AND consumer = %(consumer)s")
+
+# -- named locks: one session at a time does a chore (``outbox_lite._named_lock``) ------------
+
+#: A session-level advisory lock, never waited for: true taken, false held by another session.
+#: Advisory locks are per database already; the key is the name's 64-bit hash. It survives the
+#: session's commits and goes with the session (a lost connection releases it).
+TRY_LOCK = Statement("SELECT pg_try_advisory_lock(hashtextextended(%(name)s, 0))")
+UNLOCK = Statement("SELECT pg_advisory_unlock(hashtextextended(%(name)s, 0))")
 
 # -- the session, the clock, the schema ------------------------------------------------------
 

@@ -161,6 +161,15 @@ def parse_age(text: str) -> Age:
     return Age(f"{number}{unit}", checked_duration(text, value * UNITS.get(unit, 1)))
 
 
+def parse_age_or_seconds(text: str) -> Age:
+    """:func:`parse_age`, or a bare number of seconds ("3600"), as ``--retain`` takes it."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        return parse_age(text)
+    return Age(f"{text.strip()}s", checked_duration(text, seconds))
+
+
 def checked_duration(text: str, seconds: float) -> dt.timedelta:
     """What the library's duration check allows, said in the command's words."""
     if not math.isfinite(seconds):

@@ -16,7 +16,7 @@ from .. import _signals
 from .._families.url import DatabaseUrl
 from ..publishers._binding import Binding, bindings
 from ._args import (EXIT_OK, CommandError, UsageError, add_database_flag, open_repository,
-                    parse_port, parse_positive, parse_seconds)
+                    parse_age_or_seconds, parse_port, parse_positive, parse_seconds)
 
 
 def add_commands(commands: Any) -> None:
@@ -69,6 +69,11 @@ def add_commands(commands: Any) -> None:
                         "(default: 0.05, about 60 queries/s; with --wake-url 2, about 1)")
     p.add_argument("--progress-every", type=parse_seconds, default=5.0, metavar="SECONDS",
                    help="seconds between progress lines (default: 5)")
+    p.add_argument("--retain", type=parse_age_or_seconds, metavar="AGE",
+                   help="delete published events published longer ago than AGE (90s, 30m, "
+                        "12h, 7d, or seconds) by the server's clock, between rounds, in small "
+                        "batches, one relay of the database at a time; dead letters are kept "
+                        "(default: keep every event)")
     _add_metrics_flags(p)
     p.set_defaults(handler=_cmd_relay)
 
@@ -105,7 +110,8 @@ def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
                               batch_size=args.batch_size, lock_timeout=args.lock_timeout,
                               ordered=args.ordered, max_idle_pause=args.max_idle_pause,
                               progress_every=args.progress_every, metrics=metrics,
-                              stuck_after=args.stuck_after, wake=wake)
+                              stuck_after=args.stuck_after, wake=wake,
+                              retain=None if args.retain is None else args.retain.delta)
             except ImportError as exc:  # the wake-up's client is not installed: it says which
                 raise CommandError(str(exc)) from None
             repo.stats()  # a wrong URL, a missing grant or table: one line now, not in the loop

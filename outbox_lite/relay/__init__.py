@@ -7,7 +7,9 @@ claims (``extend_locks``) if the publish runs long, then record the outcomes: on
 :meth:`Relay.run`, inside the next round's claim transaction: one commit per round). Nothing
 claimed: wait, with a pause that doubles from ``idle_pause`` up to ``max_idle_pause``. A
 publish that raised (the broker is down): wait until the publisher answers ``ping()`` before
-claiming again, so an outage does not spend every event's attempts.
+claiming again, so an outage does not spend every event's attempts. With ``retain``, published
+events older than that are deleted between rounds, by one relay of the database at a time
+(:mod:`._retention`).
 An event past its ``expires_at`` is never handed to the publisher: it becomes a dead letter
 ``expired`` (:class:`EventExpiredError`). With the ``[otel]`` extra each publish is traced
 (:mod:`outbox_lite.tracing`): a span per batch linked to each event's creating context, and the

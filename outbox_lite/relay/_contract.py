@@ -82,6 +82,7 @@ class RoundResult:
     #: transactions or statements the server rolled back for a conflict (a deadlock, a lock
     #: wait, a COMMIT a cluster refused): retried, never an outcome of an event
     lock_conflicts: int = 0
+    retained: int = 0  # published events retention deleted (``Relay(retain=...)``)
 
     def add(self, other: RoundResult) -> None:
         _accumulate(self, other)
@@ -101,6 +102,7 @@ class RelayStats:
     publish_errors: int = 0
     expired: int = 0
     lock_conflicts: int = 0
+    retained: int = 0
     reconnects: int = 0
     renewals: int = 0
     claim_seconds: float = 0.0

@@ -33,6 +33,7 @@ from ._heartbeat import Heartbeat
 from ._interruption import Interruption, reraise_interrupt
 from ._publishing import Publishing
 from ._record import Outcomes, Recording
+from ._retention import Retention
 
 logger = logging.getLogger(__package__)
 
@@ -55,6 +56,11 @@ class Relay(Recording, Publishing, Interruption):
       publishes those events (this one is then fenced off when it records);
     * ``release_every``: seconds between releases of expired claims (default: a quarter of
       ``lock_timeout``, at most 30);
+    * ``retain``: a ``timedelta`` or seconds (None, the default: keep every event): published
+      events whose ``published_at`` is older than that by the server's clock are deleted
+      between rounds, by one relay of the database at a time, never waiting for another
+      (:mod:`._retention`); dead letters are kept. ``retain_every``: seconds between such
+      passes (default: a tenth of ``retain``, from 1 to 60);
     * ``idle_pause``, ``max_idle_pause``: the first and the longest wait when nothing was
       claimed (the defaults, 10 ms to 50 ms, keep an idle relay's delay under 100 ms for about
       60 cheap queries a second; with ``wake``, the longest is 2 s by default);
@@ -103,6 +109,8 @@ class Relay(Recording, Publishing, Interruption):
         wake: str | None = None,
         tracing: bool | None = None,
         tracer_provider: Any = None,
+        retain: dt.timedelta | float | None = None,
+        retain_every: float | None = None,
     ) -> None:
         if not isinstance(repository, OutboxRepository):
             raise TypeError("repository must be an OutboxRepository")
@@ -121,6 +129,9 @@ class Relay(Recording, Publishing, Interruption):
                 f"({self.lock_timeout:g} s), or claims expire between renewals")
         self.release_every = _seconds("release_every", release_every,
                                       min(30.0, self.lock_timeout / 4))
+        #: Retention's passes (None: events are kept).
+        self.retention = (None if retain is None else
+                          Retention(repository, retain, retain_every))
         self.idle_pause = _seconds("idle_pause", idle_pause)
         self.wake = _wake.wake_source(wake, repository.database)
         #: The database's own wake-up (PostgreSQL's LISTEN), heard with or without ``wake``.
@@ -279,7 +290,8 @@ class Relay(Recording, Publishing, Interruption):
         self._progress_at = time.monotonic() + waiting
 
     def run_once(self) -> RoundResult:
-        """One round: release (when due), claim, publish, record. Returns its counts.
+        """One round: release and retention (when due), claim, publish, record. Returns its
+        counts.
 
         Raises LockConflictError or a connection error from the claim transaction; after a
         connection error its COMMIT may have gone through, so the next round first reads what
@@ -310,6 +322,8 @@ class Relay(Recording, Publishing, Interruption):
         if time.monotonic() >= self._next_release:
             result.released = self.repository.release_expired_locks(self.lock_timeout)
             self._next_release = time.monotonic() + self.release_every
+        if self.retention is not None:
+            result.retained = self.retention.run_if_due()
         started = time.monotonic()
         if not adopted:
             claimed_since = started
@@ -359,11 +373,12 @@ class Relay(Recording, Publishing, Interruption):
         s = self.stats
         rate, seconds = s.recent_rate()
         logger.info("relay %s: %d published, %d retried, %d dead, %d lost, %d released,"
-                    " %d publish errors in %d rounds (%d expired, %d lock conflicts; %.0f"
-                    " events/s in the last %.3g s; seconds in claim %.2f, publish %.2f, record"
-                    " %.2f, idle %.2f)",
+                    " %d publish errors in %d rounds (%d expired, %d lock conflicts, %d deleted"
+                    " by retention; %.0f events/s in the last %.3g s; seconds in claim %.2f,"
+                    " publish %.2f, record %.2f, idle %.2f)",
                     self.worker_id, s.published, s.retried, s.dead, s.lost, s.released,
-                    s.publish_errors, s.rounds, s.expired, s.lock_conflicts, rate, seconds,
+                    s.publish_errors, s.rounds, s.expired, s.lock_conflicts, s.retained, rate,
+                    seconds,
                     s.claim_seconds,
                     s.publish_seconds, s.record_seconds, s.idle_seconds)
 
