@@ -1,6 +1,6 @@
 """The library's claim and record protocol written straight against PyMySQL, with no ORM and
-nothing of outbox_lite: the raw baseline of ``scripts/bench.py`` and the raw twin of
-``scripts/bench_relay.py`` (whose fresh processes start as fast as PyMySQL lets them).
+nothing of outbox_lite: the raw baseline of ``bench.py protocol`` and the raw twin of
+``bench.py relay`` (whose fresh processes start as fast as PyMySQL lets them).
 The benches check that COLUMNS and CLAIM_WINDOW still match the library's."""
 
 from __future__ import annotations
