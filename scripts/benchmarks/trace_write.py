@@ -92,7 +92,7 @@ class _Nothing:
 
 def measure(url: DatabaseUrl, writes: int, block: int) -> dict[str, Any]:
     init = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
-    clients = [RawClient(url, init), Library(url, init), OtelNoSpan(url, init),
+    clients = [RawClient(url, {"init_command": init}), Library(url, init), OtelNoSpan(url, init),
                OtelSpan(url, init)]
     spent, per_block = take_turns(clients, writes, block, around=lambda client: client.block())
     for client in clients:
