@@ -126,17 +126,36 @@ def server_name(base: DatabaseUrl, *, where: bool = True, short: bool = False) -
         conn.close()
 
 
+#: The default servers of the benches that put MariaDB and MySQL side by side.
+MARIADB_AND_MYSQL = ["mysql://root@127.0.0.1:3306/outbox_lite",
+                     "mysql://root@127.0.0.1:3308/outbox_lite"]
+
+
 def add_database_option(parser: argparse.ArgumentParser, suffix: str,
-                        repeat: bool = False) -> None:
+                        repeat: bool = False, default: str | None = None) -> None:
     """The ``--database-url`` option (repeatable with ``repeat``), its help naming the
-    scratch database."""
+    scratch database and ``default`` (else the environment's or the library's URL)."""
     from outbox_lite._db import DEFAULT_URL
 
+    fallback = default or f"$OUTBOX_DATABASE_URL, else {DEFAULT_URL}"
     parser.add_argument("--database-url", metavar="URL",
                         **({"action": "append"} if repeat else {}),
                         help=("server to use" + (" (repeatable)" if repeat else "")
                               + f"; the bench runs in <database>_{suffix}, created and"
-                              f" dropped (default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL})"))
+                              f" dropped (default: {fallback})"))
+
+
+_SIZES = {"rounds": "rounds per side", "events": "events", "batch": "batch size",
+          "workers": "processes"}
+
+
+def add_sizes(parser: argparse.ArgumentParser, **sizes: int | tuple[int, str]) -> None:
+    """An integer option per size given (``rounds``, ``events``, ``batch``, ``workers``):
+    its default, or its default and what it counts."""
+    for name, value in sizes.items():
+        default, what = value if isinstance(value, tuple) else (value, _SIZES[name])
+        parser.add_argument(f"--{name}", type=int, default=default,
+                            help=f"{what} (default {default})")
 
 
 def server_url(option: str | None) -> DatabaseUrl:

@@ -42,7 +42,7 @@ import time
 import uuid
 from typing import Any
 
-from ._setup import PAYLOAD, add_database_option, scratch_database, server_url
+from ._setup import PAYLOAD, add_database_option, add_sizes, scratch_database, server_url
 from .relay import ENTRY, ROOT
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -405,10 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     add_database_option(parser, "bench_brokers")
     parser.add_argument("--only", choices=("publish", "relay"), action="append",
                         help="run only this measure (default: both)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per side (default 3)")
-    parser.add_argument("--events", type=int, default=20_000, help="events (default 20000)")
-    parser.add_argument("--batch", type=int, default=100, help="batch size (default 100)")
-    parser.add_argument("--workers", type=int, default=4, help="processes (default 4)")
+    add_sizes(parser, rounds=3, events=20_000, batch=100, workers=4)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     only = set(args.only or ("publish", "relay"))

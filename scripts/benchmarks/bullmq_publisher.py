@@ -39,6 +39,7 @@ from outbox_lite import OutboxEvent
 from outbox_lite.publishers.bullmq import DEFAULT_JOB_OPTIONS, BullMQPublisher, job_id
 
 from ._setup import PAYLOAD as JOB_DATA
+from ._setup import add_sizes
 from .relay import DEFAULT_REDIS_URL, delete_queue
 
 
@@ -177,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"Redis to use; queues are named per run and deleted after it "
                              f"(default {DEFAULT_REDIS_URL})")
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per run (default 20000)")
-    parser.add_argument("--batch", type=int, default=100, help="jobs per add (default 100)")
-    parser.add_argument("--workers", type=int, default=4, help="processes (default 4)")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    add_sizes(parser, batch=(100, "jobs per add"), workers=4, rounds=(5, "alternating rounds"))
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     result = compare(args.redis_url, jobs=args.jobs, batch=args.batch, workers=args.workers,

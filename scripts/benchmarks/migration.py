@@ -22,9 +22,8 @@ import pymysql
 from outbox_lite import migrate as schema
 from outbox_lite._families.url import DatabaseUrl
 
-from ._setup import load, scratch_database
+from ._setup import MARIADB_AND_MYSQL, add_database_option, load, scratch_database
 
-DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite", "mysql://root@127.0.0.1:3308/outbox_lite"]
 INSERT = ("INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key,"
           " payload, status, attempt_count, available_at, created_at, updated_at) VALUES"
           " ('job.created', 'ai_job', %s, %s, '{\"n\": 1}', 'pending', 0, UTC_TIMESTAMP(6),"
@@ -115,13 +114,12 @@ def measure(url: DatabaseUrl, rows: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL", action="append",
-                        help="server (repeatable); runs in <database>_bench_migration_<pid>,"
-                             " created and dropped (default: MariaDB :3306 and MySQL :3308)")
+    add_database_option(parser, "bench_migration_<pid>", repeat=True,
+                        default="MariaDB :3306 and MySQL :3308")
     parser.add_argument("--rows", type=int, default=1_000_000)
     args = parser.parse_args(argv)
     out = []
-    for text in args.database_url or DEFAULT_URLS:
+    for text in args.database_url or MARIADB_AND_MYSQL:
         with scratch_database(DatabaseUrl.parse(text), f"bench_migration_{os.getpid()}") as url:
             out.append((text, measure(url, args.rows)))
     print(f"migration 006 on {args.rows:,} rows, a writer inserting throughout")

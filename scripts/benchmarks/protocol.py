@@ -61,7 +61,8 @@ from outbox_lite.models import COLUMNS
 
 from . import raw_mysql, raw_pg
 from ._setup import (ANALYZE, EVENT_INSERT, JOB_INSERT, JOB_TABLE, PAYLOAD, add_database_option,
-                     is_postgresql, median_pair, prepare, server_name, server_url, utcnow)
+                     add_sizes, is_postgresql, median_pair, prepare, server_name, server_url,
+                     utcnow)
 from ._setup import family as _family
 
 
@@ -470,16 +471,13 @@ Row = tuple[str, float, float, float, str, "bool | None"]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_database_option(parser, "bench", repeat=True)  # each measure on each in turn
-    parser.add_argument("--rounds", type=int, default=9, help="alternating rounds (default 9)")
-    parser.add_argument("--events", type=int, default=4000,
-                        help="events per claim-throughput round (default 4000)")
+    add_sizes(parser, rounds=(9, "alternating rounds"),
+              events=(4000, "events per claim-throughput round"),
+              batch=(50, "claim_batch limit"), workers=(4, "claim workers, each a process"))
     parser.add_argument("--writes", type=int, default=2000,
                         help="transactions per write round (default 2000)")
     parser.add_argument("--loaded-rows", type=int, default=200_000,
                         help="published rows for the loaded latency (default 200000)")
-    parser.add_argument("--batch", type=int, default=50, help="claim_batch limit (default 50)")
-    parser.add_argument("--workers", type=int, default=4,
-                        help="claim workers, each a process (default 4)")
     parser.add_argument("--threads", action="store_true",
                         help="run the claim workers as threads of this process instead; with "
                              "the GIL, the client's Python then weighs far more than the SQL")

@@ -57,7 +57,7 @@ from urllib.parse import quote
 
 from . import raw_mysql  # the library's SQL without the library
 from ._proxies import CountingProxy
-from ._setup import (PAYLOAD, add_database_option, is_postgresql, job_table, scratch_database,
+from ._setup import (PAYLOAD, add_database_option, add_sizes, is_postgresql, job_table, scratch_database,
                      server_name, server_url, utcnow)
 
 #: The benchmarks' entry point, which the fresh processes run (``bench.py relay _twin …``).
@@ -504,10 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"Redis for BullMQ (default: {DEFAULT_REDIS_URL})")
     parser.add_argument("--only", choices=("relay", "latency"), action="append",
                         help="run only this measure (default: both)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per side (default 3)")
-    parser.add_argument("--events", type=int, default=20_000, help="events (default 20000)")
-    parser.add_argument("--batch", type=int, default=100, help="batch size (default 100)")
-    parser.add_argument("--workers", type=int, default=4, help="processes (default 4)")
+    add_sizes(parser, rounds=3, events=20_000, batch=100, workers=4)
     parser.add_argument("--rate", type=float, action="append",
                         help="events/s written, once per rate given (default 200)")
     parser.add_argument("--seconds", type=float, default=20,

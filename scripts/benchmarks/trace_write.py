@@ -31,8 +31,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from outbox_lite import OutboxRepository, tracing
 from outbox_lite._families.url import DatabaseUrl
 
-from ._setup import PAYLOAD, job_table, scratch_database, take_turns
-from .write import DEFAULT_URLS, JOB_INSERT, Raw, _server_name
+from ._setup import (MARIADB_AND_MYSQL, PAYLOAD, add_database_option, job_table,
+                     scratch_database, take_turns)
+from .write import JOB_INSERT, Raw, _server_name
 
 _OTEL = tracing._otel()  # the modules, loaded once
 
@@ -127,15 +128,14 @@ def capture_cost(calls: int = 200_000) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL", action="append",
-                        help="server (repeatable); runs in <database>_bench_trace_<pid>, created"
-                             " and dropped (default: MariaDB :3306 and MySQL :3308)")
+    add_database_option(parser, "bench_trace_<pid>", repeat=True,
+                        default="MariaDB :3306 and MySQL :3308")
     parser.add_argument("--writes", type=int, default=600, help="transactions per client")
     parser.add_argument("--block", type=int, default=25, help="turn size (default 25)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
     rows = []
-    for text in args.database_url or DEFAULT_URLS:
+    for text in args.database_url or MARIADB_AND_MYSQL:
         base = DatabaseUrl.parse(text)
         with scratch_database(base, f"bench_trace_{os.getpid()}", job_table(base)) as url:
             rows.append((_server_name(base), measure(url, args.writes, args.block)))

@@ -57,12 +57,11 @@ from outbox_lite._families.url import DatabaseUrl
 
 from . import raw_pg
 from ._proxies import DelayProxy
-from ._setup import (EVENT_INSERT, PAYLOAD, job_table, scratch_database, server_name,
-                     take_turns, utcnow)
+from ._setup import (EVENT_INSERT, MARIADB_AND_MYSQL, PAYLOAD, add_database_option, job_table,
+                     scratch_database, server_name, take_turns, utcnow)
 from ._setup import is_postgresql as _is_pg
 
 JOB_INSERT = "INSERT INTO job (name) VALUES (%s)"
-DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite", "mysql://root@127.0.0.1:3308/outbox_lite"]
 
 
 # ---------------------------------------------------------------------------
@@ -185,9 +184,8 @@ def _server_name(url: DatabaseUrl) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL", action="append",
-                        help="server (repeatable); the bench runs in <database>_bench_write_<pid>,"
-                             " created and dropped (default: MariaDB :3306 and MySQL :3308)")
+    add_database_option(parser, "bench_write_<pid>", repeat=True,
+                        default="MariaDB :3306 and MySQL :3308")
     parser.add_argument("--writes", type=int, default=600,
                         help="transactions per client, direct link (default 600)")
     parser.add_argument("--delayed-writes", type=int, default=150,
@@ -201,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()
     rows = []
-    for text in args.database_url or DEFAULT_URLS:
+    for text in args.database_url or MARIADB_AND_MYSQL:
         base = DatabaseUrl.parse(text)
         name = _server_name(base)
         with scratch_database(base, f"bench_write_{os.getpid()}", job_table(base)) as url:
