@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "protocol": ("protocol", "claim, write, latency and commit measures: library vs raw driver"),
     "write": ("write", "the keyed write, library vs raw, direct and through a 1 ms link"),
     "relay": ("relay", "the relay's drain to BullMQ vs a raw twin, and COMMIT-to-broker latency"),
+    "instructions": ("instructions", "CPU instructions and statements per event, library vs raw"),
     "claim-cpu": ("claim_cpu", "client CPU per claim of 50, step by step"),
     "brokers": ("brokers", "the relay to RabbitMQ and NATS JetStream beside BullMQ"),
     "bullmq": ("bullmq_publisher", "the BullMQ publisher against addBulk alone"),
