@@ -266,16 +266,16 @@ def _profile(runner: _Runner, path: str, top: int = 10) -> str:
 
 
 def measure(base: DatabaseUrl, writes: int, batches: int, repeat: int,
-            profile: bool = False) -> dict[str, Any]:
+            profile: bool = False, paths: Sequence[str] = PATHS) -> dict[str, Any]:
     """One server's figures: per path and side, instructions per event (one per repeat) and
     statements per event; with ``profile``, the library's top functions per path instead."""
     with scratch_database(base, f"bench_instr_{os.getpid()}", job_table(base)) as url:
         runner = _Runner(url, writes, batches)
         try:
             if profile:
-                return {"profile": {path: _profile(runner, path) for path in PATHS}}
+                return {"profile": {path: _profile(runner, path) for path in paths}}
             figures: dict[str, Any] = {}
-            for path in PATHS:
+            for path in paths:
                 for side in SIDES:
                     figures[f"{path}/{side}"] = {
                         "instructions": [runner.instructions(side, path) for _ in range(repeat)],
@@ -289,7 +289,7 @@ def format_table(name: str, figures: dict[str, Any]) -> str:
     lines = [f"== {name}",
              f"  {'path':<6} {'library instr/event':>24} {'raw instr/event':>24} {'lib/raw':>7}"
              f" {'statements/event lib (peewee) / raw':>36}"]
-    for path in PATHS:
+    for path in [p for p in PATHS if f"{p}/library" in figures]:
         lib, raw = figures[f"{path}/library"], figures[f"{path}/raw"]
 
         def cell(counts: list[float]) -> str:
@@ -316,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="writes counted per process (default 200)")
     parser.add_argument("--batches", type=int, default=10,
                         help="batches of 100 drained per process (default 10)")
+    parser.add_argument("--path", choices=PATHS, action="append",
+                        help="count only this path (repeatable; default: both)")
     parser.add_argument("--repeat", type=int, default=2,
                         help="instruction counts per side, to show the spread (default 2)")
     parser.add_argument("--profile", action="store_true",
@@ -328,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     for option in ns.database_url or DEFAULT_URLS:
         base = server_url(option)
         results[server_name(base, where=False)] = measure(base, ns.writes, ns.batches,
-                                                          ns.repeat, ns.profile)
+                                                          ns.repeat, ns.profile,
+                                                          ns.path or PATHS)
     if ns.json:
         print(json.dumps(results, indent=2))
         return 0
