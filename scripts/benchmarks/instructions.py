@@ -64,6 +64,10 @@ DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite", "mysql://root@127.0.0
                 "postgresql://postgres@127.0.0.1:5432/outbox_lite"]
 PATHS = ("write", "claim")
 SIDES = ("library", "raw")
+#: raw-same: on MySQL and MariaDB, the raw write sending the library's statements at
+#: REPEATABLE READ (the lock-free read of the key, then the INSERT); the raw twin already
+#: sends them on PostgreSQL and in the claim.
+ALL_SIDES = (*SIDES, "raw-same")
 
 
 # ---------------------------------------------------------------------------
@@ -83,7 +87,7 @@ class _Nothing:
 def _writes(side: str, url: DatabaseUrl) -> tuple[Callable[[int], None], Callable[[], None]]:
     from . import write
 
-    client = (write.Library if side == "library" else write.Raw)(url, {})
+    client = {"library": write.Library, "raw": write.Raw, "raw-same": _RawSame}[side](url, {})
     counter = iter(range(10**9))
 
     def run(count: int) -> None:
@@ -91,6 +95,33 @@ def _writes(side: str, url: DatabaseUrl) -> tuple[Callable[[int], None], Callabl
             client.write(next(counter) + os.getpid() * 10**6)
 
     return run, client.close
+
+
+class _RawSame:
+    """write's raw client, reading the key lock-free before the event's INSERT (MySQL)."""
+
+    name = "raw-same"
+
+    def __init__(self, url: DatabaseUrl, init: dict[str, Any]) -> None:
+        from . import write
+
+        self.raw = write.Raw(url, init)
+        self.conn, self.row = self.raw.conn, write._row
+
+    def write(self, n: int) -> None:
+        from ._setup import EVENT_INSERT, JOB_INSERT
+
+        with self.conn.cursor() as cur:
+            self.conn.begin()
+            cur.execute(JOB_INSERT["mysql"], (f"raw-{n}",))
+            row = self.row(cur.lastrowid, n)
+            cur.execute(raw_mysql.DEDUPE_KEY_TAKEN, (row[3],))
+            assert cur.fetchone() is None
+            cur.execute(EVENT_INSERT, row)
+            self.conn.commit()
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def _drains(side: str, url: DatabaseUrl) -> tuple[Callable[[int], None], Callable[[], None]]:
@@ -266,9 +297,15 @@ def _profile(runner: _Runner, path: str, top: int = 10) -> str:
 
 
 def measure(base: DatabaseUrl, writes: int, batches: int, repeat: int,
-            profile: bool = False, paths: Sequence[str] = PATHS) -> dict[str, Any]:
+            profile: bool = False, paths: Sequence[str] = PATHS,
+            sides: Sequence[str] = SIDES) -> dict[str, Any]:
     """One server's figures: per path and side, instructions per event (one per repeat) and
     statements per event; with ``profile``, the library's top functions per path instead."""
+    if "raw-same" in sides:
+        from outbox_lite._families import mysql_sql
+
+        assert (mysql_sql.DEDUPE_KEY_TAKEN.named.replace("%(dedupe_key)s", "%s")
+                == raw_mysql.DEDUPE_KEY_TAKEN), "raw_mysql.DEDUPE_KEY_TAKEN is not the library's"
     with scratch_database(base, f"bench_instr_{os.getpid()}", job_table(base)) as url:
         runner = _Runner(url, writes, batches)
         try:
@@ -276,7 +313,9 @@ def measure(base: DatabaseUrl, writes: int, batches: int, repeat: int,
                 return {"profile": {path: _profile(runner, path) for path in paths}}
             figures: dict[str, Any] = {}
             for path in paths:
-                for side in SIDES:
+                for side in sides:
+                    if side == "raw-same" and (path != "write" or is_postgresql(base)):
+                        continue
                     figures[f"{path}/{side}"] = {
                         "instructions": [runner.instructions(side, path) for _ in range(repeat)],
                         "statements": runner.statements(side, path)}
@@ -289,7 +328,7 @@ def format_table(name: str, figures: dict[str, Any]) -> str:
     lines = [f"== {name}",
              f"  {'path':<6} {'library instr/event':>24} {'raw instr/event':>24} {'lib/raw':>7}"
              f" {'statements/event lib (peewee) / raw':>36}"]
-    for path in [p for p in PATHS if f"{p}/library" in figures]:
+    for path in [p for p in PATHS if {f"{p}/library", f"{p}/raw"} <= set(figures)]:
         lib, raw = figures[f"{path}/library"], figures[f"{path}/raw"]
 
         def cell(counts: list[float]) -> str:
@@ -318,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="batches of 100 drained per process (default 10)")
     parser.add_argument("--path", choices=PATHS, action="append",
                         help="count only this path (repeatable; default: both)")
+    parser.add_argument("--side", choices=ALL_SIDES, action="append",
+                        help="count only this side (repeatable; default: library and raw)")
     parser.add_argument("--repeat", type=int, default=2,
                         help="instruction counts per side, to show the spread (default 2)")
     parser.add_argument("--profile", action="store_true",
@@ -331,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         base = server_url(option)
         results[server_name(base, where=False)] = measure(base, ns.writes, ns.batches,
                                                           ns.repeat, ns.profile,
-                                                          ns.path or PATHS)
+                                                          ns.path or PATHS,
+                                                          ns.side or SIDES)
     if ns.json:
         print(json.dumps(results, indent=2))
         return 0

@@ -16,6 +16,11 @@ COLUMNS = ("id", "event_type", "aggregate_type", "aggregate_id", "dedupe_key", "
 AVAILABLE_AT = COLUMNS.index("available_at")
 CLAIM_WINDOW = 4  # OutboxRepository's default claim_window
 
+#: The lock-free read of a caller's dedupe_key that the library sends before its INSERT at
+#: REPEATABLE READ and SERIALIZABLE (a committed duplicate is refused without a lock).
+DEDUPE_KEY_TAKEN = ("SELECT id FROM outbox_event FORCE INDEX (uq_outbox_event_dedupe_key)"
+                    " WHERE dedupe_key = %s")
+
 _SELECT = ", ".join(f"`{c}`" for c in COLUMNS)
 _PUBLISH = ("UPDATE outbox_event FORCE INDEX (PRIMARY) SET status = 'published',"
             " published_at = %s, locked_by = NULL, locked_at = NULL, updated_at = %s"
