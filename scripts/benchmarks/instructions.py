@@ -176,10 +176,20 @@ def _child(side: str, path: str, url_text: str, count: int) -> None:
     """The process callgrind counts: connect, warm up, then ``count`` operations."""
     url = DatabaseUrl.parse(url_text)
     run, close = OPERATIONS[path](side, url)
+    _operate(path, run, count)
+    close()
+
+
+def _operate(path: str, run: Callable[[int], None], count: int) -> None:
+    """The warm-up and ``count`` operations. A drain takes whatever is pending (the parent
+    seeded the warm-up's batches and ``count`` more): one drain, so that a process does not
+    also pay for a second drain of an empty outbox."""
+    if path == "claim":
+        run(WARM + count)
+        return
     run(WARM)
     if count:
         run(count)
-    close()
 
 
 # ---------------------------------------------------------------------------
@@ -234,9 +244,7 @@ class _Runner:
                 before = proxy.count()
                 with logged:
                     run, close = OPERATIONS[path](side, proxy.url)
-                    run(WARM)
-                    if count:
-                        run(count)
+                    _operate(path, run, count)
                     close()
                 counts[count] = (proxy.count() - before, logged.count)
         finally:
