@@ -6,7 +6,7 @@ many rows there are, and writers go on:
 
 * MySQL and MariaDB: ``ALGORITHM=INSTANT`` (MySQL 8.0.12+, MariaDB 10.3+), which refuses
   rather than copy the table on a server that cannot do it in place. Measured on 1,000,000
-  rows with a writer inserting throughout (``scripts/bench_migration.py``): 0.07-0.11 s, the
+  rows with a writer inserting throughout (``scripts/bench.py migration``): 0.07-0.11 s, the
   writer's slowest INSERT meanwhile 49-63 ms.
 * PostgreSQL: adding a nullable column without a default rewrites nothing (``json``, as the
   payload, and ``timestamp(6)`` holding UTC, as every instant).

@@ -5,9 +5,9 @@ Usage:
   python scripts/plot_benchmarks.py run DIR [--database-url URL ...]   # run, keep the output
   python scripts/plot_benchmarks.py plot DIR                           # DIR/*.json -> DIR/*.svg
 
-``run`` runs, one after the other, ``scripts/bench.py`` (the library against raw PyMySQL
-doing the same SQL work, and Peewee alone, on every server given) and ``scripts/bench_relay.py
---only latency --wake all`` (COMMIT to BullMQ job, per wake-up, on each server), and keeps
+``run`` runs, one after the other, ``scripts/bench.py protocol`` (the library against raw
+PyMySQL doing the same SQL work, and Peewee alone, on every server given) and ``scripts/bench.py
+relay --only latency --wake all`` (COMMIT to BullMQ job, per wake-up, on each server), and keeps
 their JSON output, the exact command lines, the date, the machine and its load average in
 DIR. ``plot`` reads only DIR, so a plot can always be traced to the run it came from; it
 needs matplotlib (the ``[docs]`` extra).
@@ -45,10 +45,10 @@ def _run(out: Path, urls: list[str]) -> None:
 
     load_before = os.getloadavg()
     started = dt.datetime.now(dt.timezone.utc)
-    bench("bench.json", [str(SCRIPTS / "bench.py"),
+    bench("bench.json", [str(SCRIPTS / "bench.py"), "protocol",
                          *[x for url in urls for x in ("--database-url", url)], *BENCH])
     for n, url in enumerate(urls):
-        bench(f"latency-{n}.json", [str(SCRIPTS / "bench_relay.py"), "--database-url", url,
+        bench(f"latency-{n}.json", [str(SCRIPTS / "bench.py"), "relay", "--database-url", url,
                                     *LATENCY])
     meta = {"started": started.isoformat(timespec="seconds"),
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

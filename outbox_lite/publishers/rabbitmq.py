@@ -32,7 +32,7 @@ and before recording it) arrives again with the same ``message_id``, and consume
 The client is aiormq, the asyncio AMQP client under aio-pika: a batch is written at once and its
 confirms are awaited together, each matched to its message (a return by its ``message_id``).
 pika's BlockingConnection, the synchronous alternative, waits for each confirm before the next
-publish: about a third of the throughput here (see ``scripts/bench_rabbitmq.py``).
+publish: about a third of the throughput here (see ``scripts/bench.py brokers``).
 """
 
 from __future__ import annotations

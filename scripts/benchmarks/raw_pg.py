@@ -1,6 +1,6 @@
 """The library's PostgreSQL claim, record and write protocol written straight against
-psycopg 3, with no ORM and nothing of outbox_lite: the raw baseline of ``scripts/bench.py``
-and the raw twin of ``scripts/bench_relay.py`` on a ``postgresql://`` server. The statements
+psycopg 3, with no ORM and nothing of outbox_lite: the raw baseline of ``bench.py protocol``
+and the raw twin of ``bench.py relay`` on a ``postgresql://`` server. The statements
 are outbox_lite/_families/postgresql_sql.py's, written out here; the benches check
 (:func:`check`) that they still are the library's, word for word.
 

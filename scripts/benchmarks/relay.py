@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The relay against BullMQ's own limit and a raw twin, side by side in one run.
 
 Throughput (``--only relay``): ``--workers`` fresh processes drain ``--events`` events in
@@ -24,19 +23,19 @@ other clients of a shared server do not count). Each ``--wake`` (none, in-proces
 nats, or all) is measured in turn and printed side by side.
 
 On PostgreSQL (a ``postgresql://`` URL) the twin is psycopg 3 with the PostgreSQL family's
-statements (scripts/bench_raw_pg.py); the relay LISTENs by itself, so the latency's wake-ups
+statements (raw_pg.py); the relay LISTENs by itself, so the latency's wake-ups
 are ``listen`` (the relay as it ships: LISTEN outbox_event, polling every 2 s at most) and
 ``none`` (polling alone: the same relay with its LISTEN turned off, a 50 ms cap); the proxy
 counts the PostgreSQL protocol's queries (Query and Execute messages) instead of MySQL's.
 Give ``--database-url`` more than once and each measure runs on each server in turn, with the
 load average beside each figure.
 
-Usage: python scripts/bench_relay.py [--database-url URL ...] [--redis-url URL] [--rounds 3]
+Usage: python scripts/bench.py relay [--database-url URL ...] [--redis-url URL] [--rounds 3]
        [--events 20000] [--batch 100] [--workers 4] [--rate 200 ...] [--seconds 20]
        [--idle-seconds 10] [--wake none|listen|in-process|redis|nats|all ...] [--nats-url URL]
        [--json]
-Also run by ``python scripts/bench.py --only relay --only relay-latency``; the PostgreSQL
-figures of issue 22 by ``python scripts/bench_drain.py`` and ``python scripts/bench_listen.py``.
+Also run by ``python scripts/bench.py protocol --only relay --only relay-latency``; the
+PostgreSQL figures of issue 22 by ``python scripts/bench.py drain`` and ``… listen``.
 """
 
 from __future__ import annotations
@@ -56,17 +55,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import raw_outbox  # beside this script: the library's SQL without the library
+from . import raw_mysql  # the library's SQL without the library
+from ._proxies import CountingProxy
+from ._setup import (PAYLOAD, add_database_option, add_sizes, is_postgresql, job_table, scratch_database,
+                     server_name, server_url, utcnow)
 
-HERE = Path(__file__).resolve()
-ROOT = HERE.parent.parent
+#: The benchmarks' entry point, which the fresh processes run (``bench.py relay _twin …``).
+ENTRY = Path(__file__).resolve().parent.parent / "bench.py"
+ROOT = ENTRY.parent.parent
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512",
-           "priority": 3, "tags": ["image", "resize"]}
 #: The publisher's default job options (retention), spelled out so the baseline and the twin
 #: need not import outbox_lite; checked against the publisher's in ``compare``.
 JOB_OPTIONS = {"removeOnComplete": {"age": 86400}, "removeOnFail": {"age": 604800}}
-_ROW = {name: n for n, name in enumerate(raw_outbox.COLUMNS)}
+_ROW = {name: n for n, name in enumerate(raw_mysql.COLUMNS)}
 _PROGRESS = re.compile(r"seconds in claim ([\d.]+), publish ([\d.]+), record ([\d.]+),"
                        r" idle ([\d.]+)")
 
@@ -76,7 +77,7 @@ def _job_id(dedupe_key: str) -> str:
 
 
 # ---------------------------------------------------------------------------
-# The fresh processes' bodies (``python bench_relay.py _addbulk|_twin …``): they import
+# The fresh processes' bodies (``python bench.py relay _addbulk|_twin …``): they import
 # nothing of outbox_lite, so their start-up is BullMQ's (and PyMySQL's) alone.
 # ---------------------------------------------------------------------------
 
@@ -98,8 +99,8 @@ def _addbulk_main(redis_url: str, queue: str, first: int, count: int, batch: int
 
 def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
                worker: str) -> None:
-    """The relay's work without outbox_lite: the library's claim (raw_outbox.claim, or
-    bench_raw_pg.claim on PostgreSQL) in a transaction that first records the previous batch
+    """The relay's work without outbox_lite: the library's claim (raw_mysql.claim, or
+    raw_pg.claim on PostgreSQL) in a transaction that first records the previous batch
     (one UPDATE), then addBulk; the relay's default idle pause (10 ms doubling to 50 ms) and
     its exit rule (nothing pending or processing)."""
     from bullmq import Queue
@@ -110,9 +111,9 @@ def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
     if pg:
         import psycopg
 
-        import bench_raw_pg
+        from . import raw_pg
 
-        raw = bench_raw_pg
+        raw = raw_pg
         conn = psycopg.connect(host=db["host"], port=db["port"], user=db["user"],
                                password=db["password"] or None, dbname=db["database"],
                                autocommit=True)
@@ -122,7 +123,7 @@ def _twin_main(db: dict[str, Any], redis_url: str, queue: str, batch: int,
     else:
         import pymysql
 
-        raw = raw_outbox
+        raw = raw_mysql
         conn = pymysql.connect(autocommit=True, charset="utf8mb4", **db)
         begin, commit = conn.begin, conn.commit
         remaining = ("SELECT COUNT(*) FROM outbox_event FORCE INDEX"
@@ -181,7 +182,6 @@ def _poll_relay_main(database_url: str, redis_url: str, queue: str) -> None:
     import signal
     import threading
 
-    sys.path.insert(0, str(ROOT))
     from outbox_lite import OutboxRepository
     from outbox_lite._families.url import DatabaseUrl
     from outbox_lite.publishers.bullmq import BullMQPublisher
@@ -195,18 +195,6 @@ def _poll_relay_main(database_url: str, redis_url: str, queue: str) -> None:
     relay.run(stop)
 
 
-def is_postgresql(url: Any) -> bool:
-    return str(getattr(url, "scheme", "")) == "postgresql"
-
-
-def job_table(url: Any) -> str:
-    """The benches' business table, in the server's dialect."""
-    if is_postgresql(url):
-        return "CREATE TABLE job (id BIGSERIAL PRIMARY KEY, name VARCHAR(64) NOT NULL)"
-    return ("CREATE TABLE job (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
-            " name VARCHAR(64) NOT NULL) ENGINE=InnoDB")
-
-
 class _Sides:
     def __init__(self, url: Any, redis_url: str, *, events: int, batch: int,
                  workers: int) -> None:
@@ -216,10 +204,10 @@ class _Sides:
         self.events, self.batch, self.workers = events, batch, workers
         self.pg = is_postgresql(url)
         if self.pg:
-            import bench_raw_pg
+            from . import raw_pg
 
-            bench_raw_pg.check()
-            self.admin = bench_raw_pg.connect(url)
+            raw_pg.check()
+            self.admin = raw_pg.connect(url)
         else:
             import pymysql
 
@@ -239,7 +227,7 @@ class _Sides:
 
     def seed(self, run: str) -> None:
         self.sql("TRUNCATE TABLE outbox_event")
-        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(seconds=1)
+        now = utcnow() - dt.timedelta(seconds=1)
         with self.admin.cursor() as cur:
             # One commit: row by row, MySQL's fsync per commit takes minutes.
             cur.execute("BEGIN") if self.pg else self.admin.begin()
@@ -255,7 +243,7 @@ class _Sides:
                 cur.execute("ANALYZE outbox_event")
 
     def _python(self, *args: str) -> list[str]:
-        return [sys.executable, str(HERE), *args]
+        return [sys.executable, str(ENTRY), "relay", *args]
 
     def run(self, side: str) -> tuple[float, list[tuple[float, ...]]]:
         """One round of ``side``: seconds from the first spawn to the last exit, and the
@@ -316,7 +304,7 @@ def compare(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, events: int = 20_00
     from outbox_lite.models import COLUMNS as LIBRARY_COLUMNS
     from outbox_lite.publishers.bullmq import DEFAULT_JOB_OPTIONS, job_id
 
-    assert LIBRARY_COLUMNS == raw_outbox.COLUMNS, "outbox_event's columns changed"
+    assert LIBRARY_COLUMNS == raw_mysql.COLUMNS, "outbox_event's columns changed"
     assert dict(DEFAULT_JOB_OPTIONS) == JOB_OPTIONS, "the publisher's job options changed"
     assert job_id("a b:c/é") == _job_id("a b:c/é"), "the publisher's job ids changed"
     sides = _Sides(url, redis_url, events=events, batch=batch, workers=workers)
@@ -352,107 +340,6 @@ PG_WAKES = ("none", "listen")
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
-#: PostgreSQL's untyped first messages that are requests, not the start-up (SSL, GSS).
-_PG_REQUESTS = (80877103, 80877104)
-
-
-def _proxy_main(target: tuple[str, int], port: Any, commands: Any, pg: bool = False) -> None:
-    """A TCP proxy to the database server that counts the commands its clients send (MySQL
-    packets of sequence 0 from the client; PostgreSQL's Query and Execute messages): one
-    relay's queries, whatever else the shared server is doing (its global ``Questions``, or
-    pg_stat_database, counts every client's)."""
-    def count_one() -> None:
-        with commands.get_lock():
-            commands.value += 1
-
-    def mysql_packets(buffer: bytes, state: dict[str, Any]) -> bytes:
-        while len(buffer) >= 4:
-            size = int.from_bytes(buffer[:3], "little")
-            if len(buffer) < 4 + size:
-                break
-            if buffer[3] == 0:
-                count_one()
-            buffer = buffer[4 + size:]
-        return buffer
-
-    def pg_messages(buffer: bytes, state: dict[str, Any]) -> bytes:
-        while True:
-            if not state.get("started"):  # untyped: int32 length, int32 code
-                if len(buffer) < 8:
-                    return buffer
-                size = int.from_bytes(buffer[:4], "big")
-                if len(buffer) < size:
-                    return buffer
-                if int.from_bytes(buffer[4:8], "big") not in _PG_REQUESTS:
-                    state["started"] = True
-                buffer = buffer[size:]
-                continue
-            if len(buffer) < 5:
-                return buffer
-            size = int.from_bytes(buffer[1:5], "big")
-            if len(buffer) < 1 + size:
-                return buffer
-            if buffer[:1] in (b"Q", b"E"):  # a simple query, or an extended one's Execute
-                count_one()
-            buffer = buffer[1 + size:]
-
-    parse = pg_messages if pg else mysql_packets
-
-    async def pipe(reader: Any, writer: Any, count: bool) -> None:
-        buffer = b""
-        state: dict[str, Any] = {}
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                if count:
-                    buffer = parse(buffer + data, state)
-                await writer.drain()
-        except OSError:
-            pass
-        finally:
-            writer.close()
-
-    async def serve(client_reader: Any, client_writer: Any) -> None:
-        server_reader, server_writer = await asyncio.open_connection(*target)
-        await asyncio.gather(pipe(client_reader, server_writer, True),
-                             pipe(server_reader, client_writer, False))
-
-    async def main() -> None:
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port.value = server.sockets[0].getsockname()[1]
-        await server.serve_forever()
-
-    asyncio.run(main())
-
-
-class _CountingProxy:
-    def __init__(self, url: Any) -> None:
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("fork")
-        self.port, self.commands = ctx.Value("i", 0), ctx.Value("q", 0)
-        pg = is_postgresql(url)
-        self.process = ctx.Process(target=_proxy_main, daemon=True,
-                                   args=((url.host, url.port), self.port, self.commands, pg))
-        self.process.start()
-        while not self.port.value:
-            time.sleep(0.01)
-        import dataclasses
-        # In clear text, so the proxy can read the commands (the sessions otherwise switch to
-        # TLS when the server offers it).
-        clear = ("sslmode", "disable") if pg else ("ssl_disabled", True)
-        options = tuple(sorted({**dict(url.options), clear[0]: clear[1]}.items()))
-        self.url = dataclasses.replace(url, host="127.0.0.1", port=self.port.value,
-                                       options=options)
-
-    def count(self) -> int:
-        return int(self.commands.value)
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.join(10)
-
-
 def latency(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, rate: Any = 200,
             seconds: float = 20, idle_seconds: float = 10, wakes: Any = ("none",),
             nats_url: str = DEFAULT_NATS_URL) -> dict[str, Any]:
@@ -464,7 +351,7 @@ def latency(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, rate: Any = 200,
     and ``nats`` (a relay process with ``--wake-url``, the writer's repository with the same
     ``wake=``). The writer commits a business row and its event through the repository."""
     rates = [rate] if isinstance(rate, (int, float)) else list(rate)
-    proxy = _CountingProxy(url)
+    proxy = CountingProxy(url)
     try:
         modes = [_latency_of(url, proxy, redis_url, nats_url, wake, rates, seconds,
                              idle_seconds) for wake in wakes]
@@ -474,7 +361,7 @@ def latency(url: Any, redis_url: str = DEFAULT_REDIS_URL, *, rate: Any = 200,
             "load": os.getloadavg()}
 
 
-def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, wake: str,
+def _latency_of(url: Any, proxy: CountingProxy, redis_url: str, nats_url: str, wake: str,
                 rates: list[float], seconds: float, idle_seconds: float) -> dict[str, Any]:
     import threading
 
@@ -508,7 +395,7 @@ def _latency_of(url: Any, proxy: _CountingProxy, redis_url: str, nats_url: str, 
             relays.append(thread)
         elif pg and wake == "none":  # the relay with its LISTEN turned off
             relays.append(subprocess.Popen(
-                [sys.executable, str(HERE), "_poll_relay", database_url.secret_text(),
+                [sys.executable, str(ENTRY), "relay", "_poll_relay", database_url.secret_text(),
                  redis_url, queue], env={**os.environ, "PYTHONPATH": str(ROOT)},
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         else:
@@ -601,9 +488,9 @@ def _pg_transactions(url: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and len(sys.argv) > 1 and sys.argv[1] in ("_addbulk", "_twin",
-                                                              "_poll_relay"):
-        role, args = sys.argv[1], sys.argv[2:]
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] and given[0] in ("_addbulk", "_twin", "_poll_relay"):  # a fresh process
+        role, args = given[0], given[1:]
         if role == "_poll_relay":
             _poll_relay_main(*args)
         elif role == "_addbulk":
@@ -611,22 +498,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _twin_main(json.loads(args[0]), args[1], args[2], int(args[3]), args[4])
         return 0
-    sys.path.insert(0, str(ROOT))  # runs from a checkout too
-    from _scratch import scratch_database, server_url
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL", action="append",
-                        help="server to use, repeatable (each measure runs on each in turn);"
-                             " the bench runs in <database>_bench_relay, created and dropped"
-                             " (default: $OUTBOX_DATABASE_URL, else the library's default)")
+    add_database_option(parser, "bench_relay", repeat=True)  # each measure on each in turn
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL,
                         help=f"Redis for BullMQ (default: {DEFAULT_REDIS_URL})")
     parser.add_argument("--only", choices=("relay", "latency"), action="append",
                         help="run only this measure (default: both)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per side (default 3)")
-    parser.add_argument("--events", type=int, default=20_000, help="events (default 20000)")
-    parser.add_argument("--batch", type=int, default=100, help="batch size (default 100)")
-    parser.add_argument("--workers", type=int, default=4, help="processes (default 4)")
+    add_sizes(parser, rounds=3, events=20_000, batch=100, workers=4)
     parser.add_argument("--rate", type=float, action="append",
                         help="events/s written, once per rate given (default 200)")
     parser.add_argument("--seconds", type=float, default=20,
@@ -665,22 +543,6 @@ def main(argv: list[str] | None = None) -> int:
     if len(reports) > 1 and all("relay" in r for _, r in reports):
         print(format_drains(reports))
     return 0
-
-
-def server_name(base: Any) -> str:
-    """The server's kind and version, and where it listens."""
-    from outbox_lite._families.mysql_server import server_of
-
-    conn = base.server_connection()
-    try:
-        cur = conn.cursor()
-        if is_postgresql(base):
-            cur.execute("SELECT current_setting('server_version')")
-            return f"PostgreSQL {cur.fetchone()[0].split()[0]} at {base.host}:{base.port}"
-        return (f"{server_of(lambda sql: (cur.execute(sql), cur.fetchall())[1])}"
-                f" at {base.host}:{base.port}")
-    finally:
-        conn.close()
 
 
 def format_drains(reports: list[tuple[str, dict[str, Any]]]) -> str:
@@ -748,7 +610,3 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append("  (idle q/s: the relay's queries, counted by a proxy; idle xact/s:"
                          " its database's transactions, from pg_stat_database)")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

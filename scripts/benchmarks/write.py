@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The write, with a dedupe_key: a business INSERT plus create_in_transaction in one
 transaction, against raw PyMySQL doing the same two INSERTs, on each server, directly and
 through a link with 1 ms of delay each way, printed side by side in one run.
@@ -31,13 +30,13 @@ figures: the machine is shared.
 
 On PostgreSQL (a ``postgresql://`` URL) the raw client is psycopg 3 sending the library's own
 statement, ``INSERT … ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, pg_notify(…)``
-(scripts/bench_raw_pg.py), the business row's id read with ``RETURNING id`` by every client,
+(raw_pg.py), the business row's id read with ``RETURNING id`` by every client,
 and the level set per session with ``options=-c default_transaction_isolation=…``.
 
-Usage: python scripts/bench_write.py [--database-url URL ...] [--writes 600]
+Usage: python scripts/bench.py write [--database-url URL ...] [--writes 600]
        [--delayed-writes 150] [--delay-ms 1] [--levels "REPEATABLE READ" "READ COMMITTED"]
 PostgreSQL beside MariaDB and MySQL, READ COMMITTED only (about 1 minute):
-       python scripts/bench_write.py --database-url postgresql://postgres@127.0.0.1:5432/outbox_lite \
+       python scripts/bench.py write --database-url postgresql://postgres@127.0.0.1:5432/outbox_lite \
            --database-url mysql://root@127.0.0.1:3306/outbox_lite \
            --database-url mysql://root@127.0.0.1:3308/outbox_lite --levels "READ COMMITTED"
 """
@@ -45,106 +44,37 @@ PostgreSQL beside MariaDB and MySQL, READ COMMITTED only (about 1 minute):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
-import datetime as dt
 import json
 import os
 import statistics
-import sys
-import threading
-import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
+import pymysql
 
-import pymysql  # noqa: E402
+from outbox_lite import OutboxRepository
+from outbox_lite._families.url import DatabaseUrl
 
-from outbox_lite import OutboxRepository  # noqa: E402
-from outbox_lite import migrate as schema  # noqa: E402
-from outbox_lite._families.mysql_server import server_of  # noqa: E402
-from outbox_lite._families.url import DatabaseUrl  # noqa: E402
-
-import bench_raw_pg  # noqa: E402  (beside this script: the raw baseline on PostgreSQL)
-from bench import EVENT_INSERT, PAYLOAD  # noqa: E402  (beside this script: the same baseline)
+from . import raw_pg
+from ._proxies import DelayProxy
+from ._setup import (EVENT_INSERT, MARIADB_AND_MYSQL, PAYLOAD, add_database_option, job_table,
+                     scratch_database, server_name, take_turns, utcnow)
+from ._setup import is_postgresql as _is_pg
 
 JOB_INSERT = "INSERT INTO job (name) VALUES (%s)"
-DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite", "mysql://root@127.0.0.1:3308/outbox_lite"]
-
-
-# ---------------------------------------------------------------------------
-# A userspace delay link
-# ---------------------------------------------------------------------------
-
-class DelayProxy:
-    """A TCP proxy on 127.0.0.1 that forwards every chunk ``delay`` seconds after it arrived,
-    each way, keeping order (a timer per chunk on one event loop; ``call_at`` runs timers of
-    equal or later deadlines in order)."""
-
-    def __init__(self, upstream: tuple[str, int], delay: float) -> None:
-        self.upstream, self.delay = upstream, delay
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self.port = 0
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        server = self.loop.run_until_complete(
-            asyncio.start_server(self._client, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self.loop.run_forever()
-
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while data := await reader.read(65536):
-                loop.call_at(loop.time() + self.delay, writer.write, data)
-                if writer.transport.get_write_buffer_size() > 1 << 20:
-                    await writer.drain()
-        finally:
-            writer.close()
-
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
-                             return_exceptions=True)
-
-    async def _shutdown(self) -> None:
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
 
 
 # ---------------------------------------------------------------------------
 # The three clients
 # ---------------------------------------------------------------------------
 
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-
-
 def _row(job_id: int, n: int) -> tuple[Any, ...]:
-    now = _utcnow()
+    now = utcnow()
     return ("job.created", "ai_job", str(job_id), f"job-{job_id}-created",
             json.dumps({**PAYLOAD, "job_id": n}, separators=(",", ":")), now, now, now)
 
 
 PG_JOB_INSERT = "INSERT INTO job (name) VALUES (%s) RETURNING id"
-
-
-def _is_pg(url: DatabaseUrl) -> bool:
-    return url.scheme == "postgresql"
 
 
 def _pg_values(job_id: int, n: int) -> dict[str, Any]:
@@ -185,7 +115,7 @@ class Raw:
             if self.pg:
                 cur.execute("BEGIN")
                 (job_id,) = cur.execute(PG_JOB_INSERT, (f"raw-{n}",)).fetchone()
-                bench_raw_pg.insert_event(cur, _pg_values(job_id, n), keyed=True)
+                raw_pg.insert_event(cur, _pg_values(job_id, n), keyed=True)
                 cur.execute("COMMIT")
                 return
             self.conn.begin()
@@ -229,7 +159,7 @@ class PeeweeOnly(Library):
         with self.db.atomic():
             job_id = self._job(f"peewee-{n}")
             if self.pg:
-                self.db.execute_sql(bench_raw_pg.INSERT_UNLESS_TAKEN, _pg_values(job_id, n))
+                self.db.execute_sql(raw_pg.INSERT_UNLESS_TAKEN, _pg_values(job_id, n))
             else:
                 self.db.execute_sql(EVENT_INSERT, _row(job_id, n))
 
@@ -239,23 +169,7 @@ def measure(url: DatabaseUrl, level: str, writes: int, block: int) -> dict[str, 
     ratios, ``writes`` transactions each."""
     init = _session_options(url, level)
     clients = [Library(url, init), Raw(url, init), PeeweeOnly(url, init)]
-    n = 0
-    for client in clients:  # warm: connection, session question, packet limit, schema
-        for _ in range(3):
-            client.write(n)
-            n += 1
-    spent = {c.name: 0.0 for c in clients}
-    per_block: dict[str, list[float]] = {c.name: [] for c in clients}
-    for turn in range(0, writes, block):
-        size = min(block, writes - turn)
-        for client in clients if turn // block % 2 == 0 else clients[::-1]:
-            started = time.perf_counter()
-            for _ in range(size):
-                client.write(n)
-                n += 1
-            elapsed = time.perf_counter() - started
-            spent[client.name] += elapsed
-            per_block[client.name].append(size / elapsed)
+    spent, per_block = take_turns(clients, writes, block)
     for client in clients:
         client.close()
     rates = {name: writes / seconds for name, seconds in spent.items()}
@@ -264,34 +178,14 @@ def measure(url: DatabaseUrl, level: str, writes: int, block: int) -> dict[str, 
     return {**rates, "ratio": ratio, "peewee_ratio": peewee}
 
 
-def _prepare(url: DatabaseUrl) -> None:
-    url.drop_database()
-    url.create_database()
-    database = url.database()
-    schema.migrate(database)
-    database.execute_sql("CREATE TABLE job (id BIGSERIAL PRIMARY KEY, name VARCHAR(64) NOT NULL)"
-                         if _is_pg(url) else "CREATE TABLE job (id BIGINT AUTO_INCREMENT"
-                         " PRIMARY KEY, name VARCHAR(64) NOT NULL)")
-    database.close()
-
-
 def _server_name(url: DatabaseUrl) -> str:
-    conn = url.server_connection()
-    try:
-        with conn.cursor() as cur:
-            if _is_pg(url):
-                cur.execute("SELECT current_setting('server_version')")
-                return "PostgreSQL " + ".".join(cur.fetchone()[0].split()[0].split(".")[:2])
-            return str(server_of(lambda sql: (cur.execute(sql), cur.fetchall())[1]))
-    finally:
-        conn.close()
+    return server_name(url, where=False, short=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL", action="append",
-                        help="server (repeatable); the bench runs in <database>_bench_write_<pid>,"
-                             " created and dropped (default: MariaDB :3306 and MySQL :3308)")
+    add_database_option(parser, "bench_write_<pid>", repeat=True,
+                        default="MariaDB :3306 and MySQL :3308")
     parser.add_argument("--writes", type=int, default=600,
                         help="transactions per client, direct link (default 600)")
     parser.add_argument("--delayed-writes", type=int, default=150,
@@ -305,23 +199,21 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()
     rows = []
-    for text in args.database_url or DEFAULT_URLS:
+    for text in args.database_url or MARIADB_AND_MYSQL:
         base = DatabaseUrl.parse(text)
-        url = base.with_name(f"{base.name}_bench_write_{os.getpid()}")
         name = _server_name(base)
-        _prepare(url)
-        proxy = DelayProxy((url.host, url.port), args.delay_ms / 1000)
-        delayed = dataclasses.replace(url, host="127.0.0.1", port=proxy.port)
-        try:
-            for level in args.levels:
-                for link, target, writes in (("direct", url, args.writes),
-                                             (f"+{args.delay_ms:g} ms each way", delayed,
-                                              args.delayed_writes)):
-                    rows.append((name, level, link, measure(target, level, writes,
-                                                             args.block)))
-        finally:
-            proxy.close()
-            url.drop_database()
+        with scratch_database(base, f"bench_write_{os.getpid()}", job_table(base)) as url:
+            proxy = DelayProxy((url.host, url.port), args.delay_ms / 1000)
+            delayed = dataclasses.replace(url, host="127.0.0.1", port=proxy.port)
+            try:
+                for level in args.levels:
+                    for link, target, writes in (("direct", url, args.writes),
+                                                 (f"+{args.delay_ms:g} ms each way", delayed,
+                                                  args.delayed_writes)):
+                        rows.append((name, level, link, measure(target, level, writes,
+                                                                 args.block)))
+            finally:
+                proxy.close()
     load_after = os.getloadavg()
 
     print("write with a dedupe_key: business INSERT + event, one transaction; txn/s per"
@@ -335,7 +227,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, after"
           f" {' '.join(f'{x:.2f}' for x in load_after)} ({os.cpu_count()} cores, shared)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

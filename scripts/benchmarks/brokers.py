@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """RabbitMQPublisher and NATSPublisher against their raw clients, and the relay into each
 broker beside BullMQ, side by side in one run.
 
@@ -23,10 +22,10 @@ publisher's own cost (target >= 0.9).
 
 Relay (``--only relay``): ``--workers`` fresh ``outbox-lite relay --until-empty`` processes
 drain ``--events`` events into BullMQ, RabbitMQ and NATS in turn (start-up counted, as in
-``scripts/bench_relay.py``, whose seeding this reuses), each checked: every event published,
+``relay``, whose seeding this reuses), each checked: every event published,
 the broker holds one message per event.
 
-Usage: python scripts/bench_brokers.py [--database-url URL] [--rounds 3] [--events 20000]
+Usage: python scripts/bench.py brokers [--database-url URL] [--rounds 3] [--events 20000]
        [--batch 100] [--workers 4] [--only publish|relay] [--json]
 """
 
@@ -41,22 +40,20 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve()
-ROOT = HERE.parent.parent
+from ._setup import PAYLOAD, add_database_option, add_sizes, scratch_database, server_url
+from .relay import ENTRY, ROOT
+
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
 NATS_URL = "nats://127.0.0.1:4222"
 REDIS_URL = "redis://127.0.0.1:6379/0"
-PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512",
-           "priority": 3, "tags": ["image", "resize"]}
 PUBLISH_SIDES = ("rabbitmq", "aiormq", "pika", "nats", "nats-py", "nats-py-encoding",
                  "nats-py-thread")
 
 
 # ---------------------------------------------------------------------------
-# The publishing processes (``python bench_brokers.py _publish SIDE …``)
+# The publishing processes (``python bench.py brokers _publish SIDE …``)
 # ---------------------------------------------------------------------------
 
 def _messages(first: int, count: int, run: str) -> list[dict[str, Any]]:
@@ -92,7 +89,6 @@ def _wait(start_at: float) -> None:
 
 def _publisher_side(side: str, target: str, batches: list[list[dict[str, Any]]], run: str,
                     start_at: float) -> None:
-    sys.path.insert(0, str(ROOT))
     from outbox_lite.models import OutboxEvent
     from outbox_lite.publishers.nats import NATSPublisher
     from outbox_lite.publishers.rabbitmq import RabbitMQPublisher
@@ -263,7 +259,7 @@ def publish_once(targets: _Targets, side: str, *, events: int, batch: int,
     start_at = time.time() + 3.0  # every process imports and connects before it
     try:
         procs = [subprocess.Popen(
-            [sys.executable, str(HERE), "_publish", side, target, str(i * share),
+            [sys.executable, str(ENTRY), "brokers", "_publish", side, target, str(i * share),
              str(min(share, events - i * share)), str(batch), tag, repr(start_at)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(workers)]
@@ -303,7 +299,6 @@ def compare_publish(*, events: int, batch: int, workers: int, rounds: int) -> di
 
 def _check_mapping() -> None:
     """The raw sides send what the publishers send (same body, ids and headers)."""
-    sys.path.insert(0, str(ROOT))
     from outbox_lite.models import OutboxEvent
     from outbox_lite.publishers import message_body, message_id
 
@@ -317,7 +312,7 @@ def relay_once(sides: Any, broker: str, targets: _Targets, *, events: int, batch
                workers: int) -> float:
     """Fresh relays drain the outbox into ``broker``; events/s, start-up counted."""
     if broker == "bullmq":
-        seconds, _ = sides.run("relay")  # bench_relay's own round, checks and all
+        seconds, _ = sides.run("relay")  # relay's own round, checks and all
         return events / seconds
     tag = uuid.uuid4().hex[:12]
     target = targets.new(broker, tag)
@@ -350,8 +345,7 @@ def relay_once(sides: Any, broker: str, targets: _Targets, *, events: int, batch
 
 def compare_relay(url: Any, *, events: int, batch: int, workers: int,
                   rounds: int) -> dict[str, Any]:
-    sys.path.insert(0, str(HERE.parent))
-    import bench_relay
+    from . import relay as bench_relay
 
     sides = bench_relay._Sides(url, REDIS_URL, events=events, batch=batch, workers=workers)
     targets = _Targets()
@@ -402,21 +396,16 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "_publish":
-        a = sys.argv[2:]
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["_publish"]:  # a fresh publishing process
+        a = given[1:]
         _publish_main(a[0], a[1], int(a[2]), int(a[3]), int(a[4]), a[5], float(a[6]))
         return 0
-    sys.path.insert(0, str(ROOT))  # runs from a checkout too
-    from _scratch import add_database_option, scratch_database, server_url
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_database_option(parser, "bench_brokers")
     parser.add_argument("--only", choices=("publish", "relay"), action="append",
                         help="run only this measure (default: both)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per side (default 3)")
-    parser.add_argument("--events", type=int, default=20_000, help="events (default 20000)")
-    parser.add_argument("--batch", type=int, default=100, help="batch size (default 100)")
-    parser.add_argument("--workers", type=int, default=4, help="processes (default 4)")
+    add_sizes(parser, rounds=3, events=20_000, batch=100, workers=4)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     only = set(args.only or ("publish", "relay"))
@@ -432,7 +421,3 @@ def main(argv: list[str] | None = None) -> int:
         report["relay"]["server"] = f"{base.host}:{base.port}"
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

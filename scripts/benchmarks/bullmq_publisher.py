@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """BullMQPublisher.publish against BullMQ's own Queue.addBulk, side by side in one run.
 
 Each round starts ``--workers`` fresh processes three times, on a fresh queue each time, with
@@ -18,7 +17,7 @@ other load on the machine disturbs less than wall time) over alternating rounds,
 medians of the rounds' own ratios. Every queue is checked (one waiting job per event) and
 deleted.
 
-Usage: python scripts/bench_bullmq.py [--redis-url URL] [--jobs 20000] [--batch 100]
+Usage: python scripts/bench.py bullmq [--redis-url URL] [--jobs 20000] [--batch 100]
        [--workers 4] [--rounds 5] [--json]
 """
 
@@ -29,25 +28,19 @@ import asyncio
 import json
 import multiprocessing
 import statistics
-import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
 
-import redis  # noqa: E402
+import redis
 
-from outbox_lite import OutboxEvent  # noqa: E402
-from outbox_lite.publishers.bullmq import DEFAULT_JOB_OPTIONS, BullMQPublisher, job_id  # noqa: E402
+from outbox_lite import OutboxEvent
+from outbox_lite.publishers.bullmq import DEFAULT_JOB_OPTIONS, BullMQPublisher, job_id
 
-from bench_relay import delete_queue  # noqa: E402  (beside this script)
-
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-#: The same shape as scripts/bench.py's event payload.
-JOB_DATA = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512",
-            "priority": 3, "tags": ["image", "resize"]}
+from ._setup import PAYLOAD as JOB_DATA
+from ._setup import add_sizes
+from .relay import DEFAULT_REDIS_URL, delete_queue
 
 
 def _events(first: int, count: int, run: str) -> list[OutboxEvent]:
@@ -185,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"Redis to use; queues are named per run and deleted after it "
                              f"(default {DEFAULT_REDIS_URL})")
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per run (default 20000)")
-    parser.add_argument("--batch", type=int, default=100, help="jobs per add (default 100)")
-    parser.add_argument("--workers", type=int, default=4, help="processes (default 4)")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    add_sizes(parser, batch=(100, "jobs per add"), workers=4, rounds=(5, "alternating rounds"))
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     result = compare(args.redis_url, jobs=args.jobs, batch=args.batch, workers=args.workers,
@@ -213,7 +204,3 @@ def main(argv: list[str] | None = None) -> int:
     print("ratios: medians of the rounds' own ratios, jobs/s publisher/side and CPU per job "
           "side/publisher (CPU: the client processes' own, less disturbed by other load)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,16 +1,15 @@
-#!/usr/bin/env python3
 """Where the client's CPU goes in one claim_batch(limit=50), the library against raw psycopg 3
 (or PyMySQL), in one process, claim by claim in turn (about 1 minute):
 
-    python scripts/bench_claim_cpu.py [--database-url postgresql://postgres@127.0.0.1:5432/outbox_lite_test]
+    python scripts/bench.py claim-cpu [--database-url postgresql://postgres@127.0.0.1:5432/outbox_lite_test]
                                       [--rounds 6] [--claims 60]
 
 Prints this process's CPU time per claim (``time.process_time``, which the machine's load
 does not stretch as it stretches wall time) for:
 
 * ``library``: ``claim_batch`` as it ships;
-* ``raw``: the same statements without the library (scripts/bench_raw_pg.py or
-  raw_outbox.py), each payload decoded (``json.loads``);
+* ``raw``: the same statements without the library (raw_pg.py or
+  raw_mysql.py), each payload decoded (``json.loads``);
 * ``library, rows only``: ``claim_batch`` building no events (its ``_events`` replaced by a
   stand-in that returns bare objects): the library's statements, Peewee and its checks;
 * ``+ payloads``, ``+ row dicts``, ``+ aware instants``: the events built step by step as
@@ -25,17 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
 
-import bench  # noqa: E402  (beside this script)
-from outbox_lite import repository  # noqa: E402
-from outbox_lite._families.url import DatabaseUrl  # noqa: E402
-from outbox_lite.models import aware  # noqa: E402
+from outbox_lite import repository
+from outbox_lite._families.url import DatabaseUrl
+from outbox_lite.models import aware
+
+from . import protocol as bench
+from ._setup import load, prepare, server_name
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/outbox_lite_test"
 
@@ -79,12 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     base = DatabaseUrl.parse(args.database_url)
     url = base.with_name(f"{base.name}_bench_cpu")
-    url.drop_database()
-    url.create_database()
     try:
-        database = url.database()
-        bench.schema.migrate(database)
-        database.close()
+        prepare(url)
         admin = bench.Bench(url, events=0, writes=0, loaded_rows=0, batch=50, workers=1)
         sides: dict[str, Any] = {"library": bench.Library(url), "raw": bench.Raw(url)}
         for level, name in enumerate(("library, rows only", "+ payloads", "+ row dicts",
@@ -111,14 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         url.drop_database()
     claims = args.rounds * args.claims
     raw = cpu["raw"] / claims * 1000
-    print(f"client CPU per claim of 50 events, ms ({bench._server_name(base)};"
+    print(f"client CPU per claim of 50 events, ms ({server_name(base)};"
           f" {claims} claims each; load average"
-          f" {' '.join(f'{x:.2f}' for x in bench.os.getloadavg())})")
+          f" {load()})")
     for name, seconds in cpu.items():
         ms = seconds / claims * 1000
         print(f"  {name:<20} {ms:7.3f}   {ms - raw:+7.3f} against raw")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Migration 006 (headers, expires_at) on a table with rows, while a writer goes on: how long
 the ALTER and its rollback take on each server, and how long the writer's INSERTs wait meanwhile.
 
@@ -6,7 +5,7 @@ On each server: a database of its own at migration 005 with --rows events (made 
 INSERT … SELECT), then a writer thread inserting one event per transaction without pause
 (raw PyMySQL, the 005 columns) while the main thread applies 006 and rolls it back, each
 timed. The writer's slowest INSERTs during each step are printed beside its median before
-them. Usage: python scripts/bench_migration.py [--database-url URL ...] [--rows 1000000]
+them. Usage: python scripts/bench.py migration [--database-url URL ...] [--rows 1000000]
 """
 
 from __future__ import annotations
@@ -14,19 +13,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pymysql  # noqa: E402
+import pymysql
 
-from outbox_lite import migrate as schema  # noqa: E402
-from outbox_lite._families.url import DatabaseUrl  # noqa: E402
+from outbox_lite import migrate as schema
+from outbox_lite._families.url import DatabaseUrl
 
-DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite", "mysql://root@127.0.0.1:3308/outbox_lite"]
+from ._setup import MARIADB_AND_MYSQL, add_database_option, load, scratch_database
+
 INSERT = ("INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key,"
           " payload, status, attempt_count, available_at, created_at, updated_at) VALUES"
           " ('job.created', 'ai_job', %s, %s, '{\"n\": 1}', 'pending', 0, UTC_TIMESTAMP(6),"
@@ -117,21 +114,14 @@ def measure(url: DatabaseUrl, rows: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL", action="append",
-                        help="server (repeatable); runs in <database>_bench_migration_<pid>,"
-                             " created and dropped (default: MariaDB :3306 and MySQL :3308)")
+    add_database_option(parser, "bench_migration_<pid>", repeat=True,
+                        default="MariaDB :3306 and MySQL :3308")
     parser.add_argument("--rows", type=int, default=1_000_000)
     args = parser.parse_args(argv)
     out = []
-    for text in args.database_url or DEFAULT_URLS:
-        base = DatabaseUrl.parse(text)
-        url = base.with_name(f"{base.name}_bench_migration_{os.getpid()}")
-        url.drop_database()
-        url.create_database()
-        try:
+    for text in args.database_url or MARIADB_AND_MYSQL:
+        with scratch_database(DatabaseUrl.parse(text), f"bench_migration_{os.getpid()}") as url:
             out.append((text, measure(url, args.rows)))
-        finally:
-            url.drop_database()
     print(f"migration 006 on {args.rows:,} rows, a writer inserting throughout")
     print(f"{'server':<40} {'fill s':>7} {'med ms':>7} {'006 s':>7} {'max ms':>7} {'writes':>6}"
           f" {'undo s':>7} {'max ms':>7} {'writes':>6}")
@@ -140,10 +130,6 @@ def main(argv: list[str] | None = None) -> int:
               f" {r['migrate_s']:>7.3f} {r['migrate_writer_max_ms']:>7.1f}"
               f" {r['migrate_writes']:>6} {r['rollback_s']:>7.3f}"
               f" {r['rollback_writer_max_ms']:>7.1f} {r['rollback_writes']:>6}")
-    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    print(f"load average {load()}"
           f" ({os.cpu_count()} cores, shared)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What metrics cost a relay: the same relay with and without a RelayMetrics, in one run.
 
 Each round seeds ``--events`` events and drains them with one in-process relay (batches of
@@ -11,7 +10,7 @@ without them), one scrape (collect and the text format), and one ``stats()`` rea
 relay with metrics takes every ``stats_every`` seconds (15 by default): its cost spread over
 that time.
 
-Usage: python scripts/bench_metrics.py [--database-url URL] [--rounds 9] [--events 10000]
+Usage: python scripts/bench.py metrics [--database-url URL] [--rounds 9] [--events 10000]
        [--batch 100] [--json]
 """
 
@@ -20,20 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
 
-from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+from prometheus_client import CollectorRegistry, generate_latest
 
-from outbox_lite import OutboxRepository  # noqa: E402
-from outbox_lite.metrics import RelayMetrics  # noqa: E402
-from outbox_lite.relay import Relay, RoundResult  # noqa: E402
+from outbox_lite import OutboxRepository
+from outbox_lite.metrics import RelayMetrics
+from outbox_lite.relay import Relay, RoundResult
 
-from _scratch import add_database_option, scratch_database  # noqa: E402  (beside this script)
+from ._setup import add_database_option, scratch_database
 
 PAYLOAD = {"job_id": 0, "model": "small", "prompt": "resize the picture to 512x512"}
 
@@ -149,7 +145,3 @@ def main(argv: list[str] | None = None) -> int:
         report = measure(url, rounds=args.rounds, events=args.events, batch=args.batch)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

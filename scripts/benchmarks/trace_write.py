@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The write path's cost of capturing the trace context (SPEC §11): a business INSERT plus
 create_in_transaction in one transaction, with and without the ``[otel]`` extra, beside raw
 PyMySQL doing the same two INSERTs, on each server, printed side by side in one run.
@@ -7,7 +6,7 @@ Four clients, one connection each, take turns in blocks of --block transactions 
 then D C B A, …) so the server's background work weighs on all alike:
 
 * raw: PyMySQL ``BEGIN``, ``INSERT INTO job``, the event INSERT, ``COMMIT``
-  (``scripts/bench_write.py``'s baseline);
+  (``write``'s baseline);
 * no otel: the library as in a process without ``opentelemetry-api`` (``tracing`` finds no
   module: one cached check per write);
 * otel, no span: the extra installed, no span current (the context is read and found empty);
@@ -16,7 +15,7 @@ then D C B A, …) so the server's background work weighs on all alike:
 
 The span is started once per block, not per write: the service's request span exists
 whatever the outbox does; what is measured is the capture. Ratios are medians over blocks.
-Usage: python scripts/bench_trace_write.py [--database-url URL ...] [--writes 600]
+Usage: python scripts/bench.py trace-write [--database-url URL ...] [--writes 600]
 """
 
 from __future__ import annotations
@@ -24,19 +23,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from opentelemetry.sdk.trace import TracerProvider
 
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from outbox_lite import OutboxRepository, tracing
+from outbox_lite._families.url import DatabaseUrl
 
-from bench_write import DEFAULT_URLS, JOB_INSERT, PAYLOAD, Raw, _prepare, _server_name  # noqa: E402
-from outbox_lite import OutboxRepository, tracing  # noqa: E402
-from outbox_lite._families.url import DatabaseUrl  # noqa: E402
+from ._setup import (MARIADB_AND_MYSQL, PAYLOAD, add_database_option, job_table,
+                     scratch_database, take_turns)
+from .write import JOB_INSERT, Raw, _server_name
 
 _OTEL = tracing._otel()  # the modules, loaded once
 
@@ -96,27 +93,9 @@ class _Nothing:
 
 def measure(url: DatabaseUrl, writes: int, block: int) -> dict[str, Any]:
     init = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
-    clients = [RawClient(url, init), Library(url, init), OtelNoSpan(url, init),
+    clients = [RawClient(url, {"init_command": init}), Library(url, init), OtelNoSpan(url, init),
                OtelSpan(url, init)]
-    n = 0
-    for client in clients:  # warm: connection, session question, packet limit, schema
-        with client.block():
-            for _ in range(3):
-                client.write(n)
-                n += 1
-    per_block: dict[str, list[float]] = {c.name: [] for c in clients}
-    spent = {c.name: 0.0 for c in clients}
-    for turn in range(0, writes, block):
-        size = min(block, writes - turn)
-        for client in clients if turn // block % 2 == 0 else clients[::-1]:
-            with client.block():
-                started = time.perf_counter()
-                for _ in range(size):
-                    client.write(n)
-                    n += 1
-                elapsed = time.perf_counter() - started
-            spent[client.name] += elapsed
-            per_block[client.name].append(size / elapsed)
+    spent, per_block = take_turns(clients, writes, block, around=lambda client: client.block())
     for client in clients:
         client.close()
     tracing._api = _OTEL
@@ -149,23 +128,17 @@ def capture_cost(calls: int = 200_000) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", metavar="URL", action="append",
-                        help="server (repeatable); runs in <database>_bench_trace_<pid>, created"
-                             " and dropped (default: MariaDB :3306 and MySQL :3308)")
+    add_database_option(parser, "bench_trace_<pid>", repeat=True,
+                        default="MariaDB :3306 and MySQL :3308")
     parser.add_argument("--writes", type=int, default=600, help="transactions per client")
     parser.add_argument("--block", type=int, default=25, help="turn size (default 25)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
     rows = []
-    for text in args.database_url or DEFAULT_URLS:
+    for text in args.database_url or MARIADB_AND_MYSQL:
         base = DatabaseUrl.parse(text)
-        url = base.with_name(f"{base.name}_bench_trace_{os.getpid()}")
-        name = _server_name(base)
-        _prepare(url)
-        try:
-            rows.append((name, measure(url, args.writes, args.block)))
-        finally:
-            url.drop_database()
+        with scratch_database(base, f"bench_trace_{os.getpid()}", job_table(base)) as url:
+            rows.append((_server_name(base), measure(url, args.writes, args.block)))
     costs = capture_cost()
     load_after = os.getloadavg()
     print("tracing.capture alone, µs per write: " + ", ".join(
@@ -182,7 +155,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, after"
           f" {' '.join(f'{x:.2f}' for x in load_after)} ({os.cpu_count()} cores, shared)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

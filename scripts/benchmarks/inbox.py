@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The inbox's cost, in one run, side by side with baselines measured in the same run.
 
 * consumer: a consumer's transaction (BEGIN, its business INSERT, COMMIT, through Peewee) with
@@ -13,7 +12,7 @@
   rounds take turns A B C C B A …, each on an emptied table. Ids are random, like the message
   ids of generated dedupe keys.
 
-Usage: python scripts/bench_inbox.py [--database-url URL] [--rounds 7] [--json]
+Usage: python scripts/bench.py inbox [--database-url URL] [--rounds 7] [--json]
 """
 
 from __future__ import annotations
@@ -23,21 +22,18 @@ import datetime as dt
 import json
 import os
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
 
-import pymysql  # noqa: E402
+import pymysql
 
-from outbox_lite import Inbox  # noqa: E402
-from outbox_lite._families.mysql_server import peewee_query, server_of  # noqa: E402
-from outbox_lite._families.url import DatabaseUrl  # noqa: E402
+from outbox_lite import Inbox
+from outbox_lite._families.mysql_server import peewee_query, server_of
+from outbox_lite._families.url import DatabaseUrl
 
-from _scratch import add_database_option, scratch_database  # noqa: E402  (beside this script)
+from ._setup import add_database_option, scratch_database
 
 RAW_INSERT = "INSERT INTO inbox_message (consumer, message_id, received_at) VALUES (%s, %s, %s)"
 EFFECT = ("CREATE TABLE effect (id BIGINT AUTO_INCREMENT PRIMARY KEY, message_id"
@@ -239,7 +235,3 @@ def main(argv: list[str] | None = None) -> int:
           f" taking turns; accepts: {args.threads} x {args.per_thread} per round and side,"
           " taking turns")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the server's clock costs, side by side with the host's clock in the same run.
 
 * write: ``create_in_transaction`` in its own transaction (BEGIN, INSERT, COMMIT), with the
@@ -9,7 +8,7 @@
   (refresh 0, what option "compute every instant in SQL" would cost as a separate round trip).
 * accuracy: the estimate against ``UTC_TIMESTAMP(6)`` read right after it, in microseconds.
 
-Usage: python scripts/bench_clock.py [--database-url URL] [--rounds 5]
+Usage: python scripts/bench.py clock [--database-url URL] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -17,17 +16,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout too
 
-from outbox_lite import OutboxRepository  # noqa: E402
-from outbox_lite._checks import utc_now  # noqa: E402
-from outbox_lite._clock import ServerClock, server_clock  # noqa: E402
+from outbox_lite import OutboxRepository
+from outbox_lite._checks import utc_now
+from outbox_lite._clock import ServerClock, server_clock
 
-from _scratch import add_database_option, scratch_database  # noqa: E402  (beside this script)
+from ._setup import add_database_option, scratch_database
 
 BLOCK = 200
 
@@ -55,11 +51,11 @@ def rounds(repo: OutboxRepository, count: int) -> float:
     return (time.perf_counter() - started) / max(done, 1) * 1e6
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_database_option(parser, "clock")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with scratch_database(args.database_url, "clock") as url:
         database = url.database()
         server = OutboxRepository(database)
@@ -104,7 +100,3 @@ def main() -> int:
               f" median {statistics.median(errors):+.0f}, worst {max(errors, key=abs):+.0f}")
         database.close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

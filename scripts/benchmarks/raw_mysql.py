@@ -1,6 +1,6 @@
 """The library's claim and record protocol written straight against PyMySQL, with no ORM and
-nothing of outbox_lite: the raw baseline of ``scripts/bench.py`` and the raw twin of
-``scripts/bench_relay.py`` (whose fresh processes start as fast as PyMySQL lets them).
+nothing of outbox_lite: the raw baseline of ``bench.py protocol`` and the raw twin of
+``bench.py relay`` (whose fresh processes start as fast as PyMySQL lets them).
 The benches check that COLUMNS and CLAIM_WINDOW still match the library's."""
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ COLUMNS = ("id", "event_type", "aggregate_type", "aggregate_id", "dedupe_key", "
            "expires_at")
 AVAILABLE_AT = COLUMNS.index("available_at")
 CLAIM_WINDOW = 4  # OutboxRepository's default claim_window
+
+#: The lock-free read of a caller's dedupe_key that the library sends before its INSERT at
+#: REPEATABLE READ and SERIALIZABLE (a committed duplicate is refused without a lock).
+DEDUPE_KEY_TAKEN = ("SELECT id FROM outbox_event FORCE INDEX (uq_outbox_event_dedupe_key)"
+                    " WHERE dedupe_key = %s")
 
 _SELECT = ", ".join(f"`{c}`" for c in COLUMNS)
 _PUBLISH = ("UPDATE outbox_event FORCE INDEX (PRIMARY) SET status = 'published',"
