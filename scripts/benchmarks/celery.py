@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Celery's throughput beside BullMQ's, in one run (issue 33; about a minute on 2 cores):
 
-    python scripts/bench_celery.py [--database-url URL] [--redis-url URL] [--events 5000]
-                                   [--batch 100] [--rounds 3] [--json]
+    python scripts/bench.py celery [--database-url URL] [--redis-url URL] [--events 5000]
+                                  [--batch 100] [--rounds 3] [--json]
 
 Each round seeds ``--events`` pending events (one commit) in a database of the script's own
 (``outbox_lite_bench_celery`` on the server of ``--database-url``, dropped at the end), then
@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from outbox_lite import migrate  # noqa: E402
@@ -144,7 +144,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {side:<7} {figures['median']:>8,.0f} events/s (median;"
               f" {figures['min']:,.0f}-{figures['max']:,.0f} over {args.rounds} runs)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
