@@ -651,6 +651,21 @@ def capture_sql(database: Any, before: Callable[[str, Any], None] | None = None,
             del database.cursor  # back to the class's own method
 
 
+@contextlib.contextmanager
+def migrated_database(url: DatabaseUrl) -> Iterator[Any]:
+    """A database made afresh for ``url`` and migrated, dropped when the block ends."""
+    from outbox_lite import migrate as schema
+    url.drop_database()
+    url.create_database()
+    database = url.database()
+    schema.migrate(database)
+    try:
+        yield database
+    finally:
+        database.close()
+        url.drop_database()
+
+
 def new_event(repo: OutboxRepository, n: int = 0, **overrides: Any) -> Any:
     """Create one event in a transaction of its own."""
     fields = dict(event_type="job.created", aggregate_type="ai_job", aggregate_id=str(n),

@@ -22,7 +22,8 @@ from outbox_lite import inbox as inbox_module
 from outbox_lite import migrate as schema
 from outbox_lite.inbox import MAX_CONSUMER_LENGTH, MAX_MESSAGE_ID_LENGTH
 
-from _helpers import FAMILY, OracleDatabase, T0, TEST_URL, capture_sql, new_event
+from _helpers import (FAMILY, OracleDatabase, T0, TEST_URL, capture_sql, migrated_database,
+                      new_event)
 
 EFFECT = (f"CREATE TABLE effect ({FAMILY.SERIAL_ID},"
           f" message_id VARCHAR(704) {FAMILY.EXACT_TEXT} NOT NULL)")
@@ -211,14 +212,9 @@ BAD_IDS = [
 @pytest.fixture(scope="module")
 def shared_db():
     """One migrated database for the many bad-input cases, which must leave it empty."""
-    url = TEST_URL.with_name(f"{TEST_URL.name}_{os.getpid()}_inbox_input")
-    url.drop_database()
-    url.create_database()
-    database = url.database()
-    schema.migrate(database)
-    yield database
-    database.close()
-    url.drop_database()
+    with migrated_database(TEST_URL.with_name(f"{TEST_URL.name}_{os.getpid()}_inbox_input")
+                           ) as database:
+        yield database
 
 
 @pytest.mark.parametrize("message_id,words", BAD_IDS)

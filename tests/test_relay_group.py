@@ -13,10 +13,9 @@ import time
 import pytest
 
 from outbox_lite import InvalidEventError, OutboxRepository
-from outbox_lite import migrate as schema
 from outbox_lite.relay import Relay, RelayGroup, database_name
 
-from _helpers import FAMILY, seed
+from _helpers import FAMILY, migrated_database, seed
 from _redis import free_port
 
 #: The bound on the small database's publish lag (p50) while the other drains a backlog.
@@ -45,14 +44,8 @@ class Broker:
 @pytest.fixture
 def second_db(db_url):
     """A second migrated database on the test server, dropped after the test."""
-    url = db_url.with_name(f"{db_url.name}_second")
-    url.drop_database()
-    url.create_database()
-    database = url.database()
-    schema.migrate(database)
-    yield database
-    database.close()
-    url.drop_database()
+    with migrated_database(db_url.with_name(f"{db_url.name}_second")) as database:
+        yield database
 
 
 def _relay(repo, broker, **options):
