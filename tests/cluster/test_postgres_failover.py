@@ -158,7 +158,9 @@ def test_relays_follow_a_failover(pair: tuple[str, float], caplog: pytest.LogCap
             later = [t for times in store.times.values() for t in times if t > promoted]
         first_after = min(later) if later else None
         time.sleep(0.01)
-    time.sleep(2)
+    writes_on_the_new_primary = len(acked) + 50  # the writer goes on there, then stops
+    while len(acked) < writes_on_the_new_primary and time.monotonic() < deadline:
+        time.sleep(0.01)
     stop_writer.set()
     threads[-1].join(30)
     new_primary = url  # libpq's list finds the promoted standby
@@ -174,7 +176,11 @@ def test_relays_follow_a_failover(pair: tuple[str, float], caplog: pytest.LogCap
     listen_back = time.monotonic() + 20
     while "is back" not in caplog.text and time.monotonic() < listen_back:
         time.sleep(0.05)
-    time.sleep(6)  # the idle pause grows well past a second
+    # Until both relays are in an idle wait with more than 1.5 s of it left (the pause doubles
+    # up to 30 s): a probe published within a second then came by the LISTEN, not a poll.
+    while (any(relay._progress_at - time.monotonic() < 1.5 for relay in relays)
+           and time.monotonic() < listen_back + 30):
+        time.sleep(0.05)
     probe_db = url.database()
     with probe_db.atomic():
         probe = OutboxRepository(probe_db).create_in_transaction(
