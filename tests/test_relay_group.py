@@ -100,10 +100,9 @@ def test_a_backlog_in_one_database_does_not_hold_back_another(db, repo, second_d
                                  " 'published'").fetchone()[0] == 20
 
 
-def test_an_unreachable_database_is_reported_and_the_others_go_on(db, repo, caplog):
+def test_an_unreachable_database_is_reported_and_the_others_go_on(db, repo, db_url, caplog):
     ids = seed(repo, 10)
-    gone = FAMILY.database_class()(db.database, host="127.0.0.1", port=free_port(),
-                                   **FAMILY.PLAIN_TEXT)
+    gone = db_url.database(host="127.0.0.1", port=free_port(), **FAMILY.PLAIN_TEXT)
     broker = Broker()
     unreachable = _relay(OutboxRepository(gone), Broker(), reconnect_pause=0.05,
                          max_reconnect_pause=0.1)
@@ -126,10 +125,9 @@ def test_an_unreachable_database_is_reported_and_the_others_go_on(db, repo, capl
     assert not any("password" in r.getMessage() for r in caplog.records)
 
 
-def test_run_once_runs_each_round_and_keeps_a_failing_ones_error(db, repo):
+def test_run_once_runs_each_round_and_keeps_a_failing_ones_error(db, repo, db_url):
     seed(repo, 3)
-    gone = FAMILY.database_class()(db.database, host="127.0.0.1", port=free_port(),
-                                   **FAMILY.PLAIN_TEXT)
+    gone = db_url.database(host="127.0.0.1", port=free_port(), **FAMILY.PLAIN_TEXT)
     broker = Broker()
     group = RelayGroup({"here": _relay(repo, broker),
                         "gone": _relay(OutboxRepository(gone), Broker())})
