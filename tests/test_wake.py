@@ -299,7 +299,9 @@ def test_a_storm_of_rings_is_one_flag_not_a_queue(db_url):
     finally:
         client.close()
         relay.stop()
-    assert sent / elapsed > 5_000, f"the test sent only {sent / elapsed:.0f} rings/s"
+    # a storm, even on a loaded machine: a relay that followed the rings would claim
+    # thousands of times, against the 16 allowed below
+    assert sent / elapsed > 1_000, f"the test sent only {sent / elapsed:.0f} rings/s"
     assert heard > sent * 0.9  # they arrived
     assert claims <= 16, (claims, sent)  # 1, 2, 4 … 1024 ms: about 12 in two seconds
 

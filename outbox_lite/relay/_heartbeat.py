@@ -33,6 +33,7 @@ class Heartbeat:
         self._held_at = 0.0
         self._since = 0.0
         self._stopping = False
+        self._renewing = False
         self._thread: threading.Thread | None = None
 
     def hold(self, event_ids: list[int]) -> None:
@@ -47,9 +48,13 @@ class Heartbeat:
             self._cond.notify_all()
 
     def release(self) -> None:
+        """Stop renewing the held batch; returns once a renewal under way has ended, so the
+        heartbeat holds no connection between batches (a pool's connection is back in it)."""
         with self._cond:
             self._held = None
             self._cond.notify_all()
+            while self._renewing:
+                self._cond.wait()
 
     def stop(self) -> None:
         with self._cond:
@@ -76,6 +81,7 @@ class Heartbeat:
                 wait = self._since + self.interval - time.monotonic()
                 if wait <= 0:
                     self._since = time.monotonic()
+                    self._renewing = True  # until _loop has handed its connection back
                     return list(self._held)
                 self._cond.wait(wait)
             return None
@@ -96,6 +102,9 @@ class Heartbeat:
                     continue  # a new connection at the next beat
                 finally:
                     _drop(database)
+                    with self._cond:
+                        self._renewing = False
+                        self._cond.notify_all()
                 self.stats.renewals += 1
                 with self._cond:
                     current = self._held == held
