@@ -38,11 +38,11 @@ def test_migrate_creates_the_database_then_is_a_no_op_then_rolls_back(fresh_url,
     raw = _url_of(fresh_url)
     assert main(["migrate", "--database-url", raw]) == 0
     out = capsys.readouterr().out
-    assert "created database" in out
+    assert f"created database {fresh_url.name} ({fresh_url.location})" in out  # the server
     assert ("applied 001_create_outbox_event, 002_aggregate_index_published_at,"
             " 003_status_index_covers_aggregate") in out
     assert main(["migrate", "--database-url", raw]) == 0
-    assert "up to date" in capsys.readouterr().out
+    assert capsys.readouterr().out == f"{fresh_url.name} is up to date ({fresh_url.location})\n"
     assert "outbox_event" in _schemas_and_tables(fresh_url)[1]
     for name in ("006_headers_and_expiry", "005_exact_aggregate_ids", "004_create_inbox_message",
                  "003_status_index_covers_aggregate", "002_aggregate_index_published_at",
@@ -377,7 +377,7 @@ def test_migrate_as_a_dml_only_user(fresh_url, dml_user):
     grant("SELECT", fresh_url, "outbox_lite_migrations", user)
     result = _run("--database-url", raw)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{fresh_url.name} is up to date"
+    assert result.stdout.strip() == f"{fresh_url.name} is up to date ({fresh_url.location})"
     assert result.stderr == ""
     migrated = FAMILY.indexes(fetch, "outbox_event"), FAMILY.columns(fetch, "outbox_event")
     assert "expires_at" in [column["name"] for column in migrated[1]]

@@ -62,7 +62,8 @@ def test_getting_started_runs_as_written(db_url, fetch, tmp_path, rds, queue):
         [] if FAMILY.name == "mysql" else [f"export OUTBOX_DATABASE_URL={URLS[FAMILY.name]}"])
     [migrate] = _lines(page, "sh", "outbox-lite migrate")
     first = _shell(migrate, tmp_path, db_url)
-    assert first.returncode == 0 and first.stdout == f"{db_url.name} is up to date\n", first
+    assert first.returncode == 0 and first.stdout == (
+        f"{db_url.name} is up to date ({db_url.location})\n"), first
     write = block(page, "create_in_transaction(", lang="python")
     consume = block(page, "inbox.accept(job.id)", lang="python")
     [relay] = _lines(page, "sh", "outbox-lite relay")

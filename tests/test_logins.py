@@ -248,7 +248,7 @@ def door_stats(target: Target, n: int) -> None:
 def door_migrate(target: Target, n: int) -> None:
     result = _cli("migrate", "--database-url", target.url.secret_text())
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{target.url.name} is up to date"
+    assert result.stdout.strip() == f"{target.url.name} is up to date ({target.url.location})"
 
 
 def _write_one(database: Any, target: Target, n: int) -> None:

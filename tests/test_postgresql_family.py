@@ -463,7 +463,7 @@ def test_migrate_creates_a_missing_database_and_rolls_back(capsys):
     url.drop_database()
     try:
         assert cli_main(["migrate", "--database-url", url.secret_text()]) == 0
-        assert f"created database {url.name}" in capsys.readouterr().out
+        assert f"created database {url.name} ({url.location})" in capsys.readouterr().out
         assert url.exists()
         assert cli_main(["migrate", "--database-url", url.secret_text()]) == 0
         assert "is up to date" in capsys.readouterr().out

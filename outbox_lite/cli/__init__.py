@@ -104,11 +104,14 @@ def _cmd_migrate(args: argparse.Namespace, url: DatabaseUrl) -> int:
             name = schema.rollback(database)
         print(f"rolled back {name}" if name else "nothing to roll back")
         return EXIT_OK
+    # Each line names the server (no credentials): a forgotten URL that went to the default
+    # server shows itself here, before a service looks for its schema elsewhere.
+    where = f" ({url.location})"
     if url.create_database():
-        print(f"created database {url.name}")
+        print(f"created database {url.name}{where}")
     with open_database(url) as database:
         applied = schema.migrate(database)
-    print("applied " + ", ".join(applied) if applied else f"{url.name} is up to date")
+    print(("applied " + ", ".join(applied) if applied else f"{url.name} is up to date") + where)
     return EXIT_OK
 
 
