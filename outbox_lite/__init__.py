@@ -14,6 +14,7 @@ from .errors import (
     PayloadError,
     SchemaError,
     TransactionRequiredError,
+    WriteSetTooLargeError,
 )
 from .inbox import Inbox
 from .models import OutboxEvent, OutboxStatus
@@ -37,6 +38,7 @@ __all__ = [
     "PayloadError",
     "SchemaError",
     "TransactionRequiredError",
+    "WriteSetTooLargeError",
     "is_retryable",
     "reconnect",
 ]

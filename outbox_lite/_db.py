@@ -195,7 +195,7 @@ def execute(database: pw.Database, sql: str, params: Sequence[Any]) -> Any:
         return cursor
     except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
         family = family_of(database)
-        conflict = family.lock_conflict(exc)
+        conflict = family.lock_conflict(exc) or family.write_set_too_large(exc)
         if conflict is not None:
             raise conflict from exc
         if family.missing_database(exc):

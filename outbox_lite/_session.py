@@ -142,7 +142,8 @@ def claim_transaction(database: pw.Database) -> Any:
     that transaction only. A COMMIT the server refuses for a conflict (a cluster's
     certification failure: Galera's 1213, Group Replication's 3101 or 1180; a serialization
     failure) raises LockConflictError, as a conflict inside the block does: the server has
-    rolled the whole transaction back."""
+    rolled the whole transaction back. One refused for its size (a cluster's write-set
+    limit) raises WriteSetTooLargeError."""
     family = family_of(database)
     level = family.claim_level_for(session_of(database).isolation)
     atomic = database.atomic() if level is None else database.atomic(isolation_level=level)
@@ -167,7 +168,8 @@ class _RefusedCommitIsConflict:
         try:
             return self._atomic.__exit__(None, None, None)  # the COMMIT
         except (pw.OperationalError, pw.InternalError) as refused:
-            conflict = self._family.lock_conflict(refused)
+            conflict = (self._family.lock_conflict(refused)
+                        or self._family.write_set_too_large(refused))
             if conflict is None:
                 raise
             raise conflict from refused

@@ -9,6 +9,7 @@ class InvalidEventError(OutboxError, ValueError): """An argument is of the wrong
 class PayloadError(InvalidEventError): """The payload is not a JSON object or array within the size limit."""
 class ConnectionLostError(OutboxError): """No working connection to the server (lost, never opened, unreachable); the message says what reconnects."""
 class WrongHostError(ConnectionLostError): """The server answers but cannot take writes (read-only, a standby, a cluster node not ready): reconnect, to the next host of the URL when it lists several."""
+class WriteSetTooLargeError(OutboxError): """A cluster refused a transaction over its write-set limit (Galera's wsrep_max_ws_size, Group Replication's group_replication_transaction_size_limit): nothing of it was written; retrying it unchanged fails again, so make it smaller."""
 class SchemaError(OutboxError): """The database's tables are not what outbox_lite needs; the message says what differs and how to repair it."""
 
 

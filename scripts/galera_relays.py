@@ -58,7 +58,11 @@ CASES = {
     1: "3 relays, one per node, no writers",
     2: "3 relays, one per node, writers on every node",
     3: "ONE relay on node 1, writers on nodes 2 and 3",
+    4: "ONE relay on node 1, no writers",
+    5: "2 relays, on nodes 1 and 2, no writers",
 }
+RELAY_NODES = {1: [1, 2, 3], 2: [1, 2, 3], 3: [1], 4: [1], 5: [1, 2]}
+WRITER_NODES = {1: [1, 2, 3], 2: [1, 2, 3], 3: [2, 3], 4: [1, 2, 3], 5: [1, 2, 3]}
 
 
 # -- the nodes and the database --
@@ -167,7 +171,7 @@ def write(url: str, tag: str, first: int, count: int, per_transaction: int) -> d
     import peewee
 
     from outbox_lite import (CONNECTION_ERRORS, DuplicateEventError, LockConflictError,
-                             OutboxRepository, reconnect)
+                             OutboxRepository, is_retryable, reconnect)
 
     db = connect(url)
     outbox = OutboxRepository(db)
@@ -194,7 +198,7 @@ def write(url: str, tag: str, first: int, count: int, per_transaction: int) -> d
                 time.sleep(0.01 * min(attempt + 1, 10))
             except peewee.OperationalError as exc:
                 code = exc.args[0] if exc.args else None
-                if code == 1213:  # Galera refused the COMMIT: certification failure
+                if is_retryable(exc):  # the cluster refused the COMMIT (1213, 3101, 1180)
                     out["commit_refused"] += 1
                     time.sleep(0.01 * min(attempt + 1, 10))
                     continue
@@ -264,6 +268,7 @@ class Launch:
     last_line: str = ""
     published: int = 0
     conflict_lines: int = 0
+    lock_conflicts: int = 0  # the relay's own count, from its last progress line
     timed_out: bool = False
 
 
@@ -281,6 +286,7 @@ class Slot:
 
 
 PROGRESS = re.compile(r": (\d+) published, ")
+CONFLICTS = re.compile(r"(\d+) lock conflicts")
 
 
 def run_relay(slot: Slot, url: str, args: argparse.Namespace, env: dict[str, str], logdir: Path,
@@ -323,6 +329,8 @@ def run_relay(slot: Slot, url: str, args: argparse.Namespace, env: dict[str, str
             m = PROGRESS.search(line)
             if m:
                 launch.published = int(m.group(1))
+                c = CONFLICTS.search(line)
+                launch.lock_conflicts = int(c.group(1)) if c else 0
                 break
         if launch.rc != 0 or launch.timed_out:
             return
@@ -342,9 +350,9 @@ def run_case(case: int, round_no: int, urls: list[str], args: argparse.Namespace
     logdir = logroot / tag
     logdir.mkdir(parents=True)
     empty_outbox(urls[0])
-    relay_nodes = [1, 2, 3] if case in (1, 2) else [1]
-    writer_nodes = [1, 2, 3] if case in (1, 2) else [2, 3]
-    writer_events = 0 if case == 1 else args.writer_events
+    relay_nodes = RELAY_NODES[case]
+    writer_nodes = WRITER_NODES[case]  # the seed's; the writers', cases 2 and 3
+    writer_events = args.writer_events if case in (2, 3) else 0
 
     t0 = time.monotonic()
     seed = finish_writers(start_writers(urls, writer_nodes, tag, 0, args.events,
@@ -405,18 +413,24 @@ def run_case(case: int, round_no: int, urls: list[str], args: argparse.Namespace
         "published_not_recorded": len(set(at_publisher) - in_db),
         "relay_published_lines": sum(launch.published for s in slots for launch in s.launches),
         "relay_conflict_lines": sum(launch.conflict_lines for s in slots for launch in s.launches),
+        "relay_lock_conflicts": sum(launch.lock_conflicts for s in slots for launch in s.launches),
+        "events_per_s": round(len(at_publisher) / seconds) if seconds else 0,
         "cert_failures": after["cert_failures"] - before["cert_failures"],
         "bf_aborts": after["bf_aborts"] - before["bf_aborts"],
         "seconds": seconds,
     }
 
 
+def per_thousand(n: int, events: int) -> str:
+    return f"{1000 * n / events:.1f}" if events else "-"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     out = ["| case | round | relays that died | events written | left unpublished"
            " (pending+processing) | published: DB / publisher / publishes | published twice"
-           " | writers' conflicts (LockConflictError / COMMIT 1213) | relay conflict lines"
-           " | cluster: cert failures / BF aborts | seconds |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           " | writers' conflicts (LockConflictError / COMMIT refused) | relays' lock conflicts"
+           " | cluster: cert failures / BF aborts (per 1,000 events) | seconds | events/s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         dead = r["dead"]
         died = f"{len(dead)} of {r['relays']}"
@@ -434,8 +448,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{r['published_db']:,} / {r['published_at_publisher']:,} / {r['publishes']:,} | "
             f"{r['published_twice']:,} | "
             f"{s['lock_conflicts'] + w['lock_conflicts']} / "
-            f"{s['commit_refused'] + w['commit_refused']} | {r['relay_conflict_lines']} | "
-            f"{r['cert_failures']} / {r['bf_aborts']} | {r['seconds']} |")
+            f"{s['commit_refused'] + w['commit_refused']} | {r['relay_lock_conflicts']} | "
+            f"{r['cert_failures']} / {r['bf_aborts']} "
+            f"({per_thousand(r['cert_failures'] + r['bf_aborts'], r['events_written'])}) | "
+            f"{r['seconds']} | {r['events_per_s']:,} |")
     lines = sorted({d["last_line"] for r in rows for d in r["dead"]})
     if lines:
         out += ["", "Last stderr line of each dead relay (distinct):", ""]

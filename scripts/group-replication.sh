@@ -11,6 +11,10 @@
 #   scripts/group-replication.sh stop         stop every member, by its pid
 #   scripts/group-replication.sh kill I       SIGKILL member I (as a crash would)
 #   scripts/group-replication.sh restart I    start member I again and rejoin the group
+#   scripts/group-replication.sh mode single|multi  switch the running group's mode online
+#                                   (group_replication_switch_to_*_mode; single: member 1, or
+#                                   the first running member, the primary) and keep it for
+#                                   members started again
 #   scripts/group-replication.sh status       the group's members, their state and role
 #   scripts/group-replication.sh urls [DB]    one mysql://root@127.0.0.1:PORT/DB per member
 #   scripts/group-replication.sh forget       remove the stopped group's data directories
@@ -208,6 +212,22 @@ restart() {
     say "member $i ONLINE again in $((SECONDS - started)) s"
 }
 
+mode() {
+    local want=$1 i
+    case "$want" in single|multi) ;; *) fail "mode: single or multi, not $want" ;; esac
+    for i in $(members); do running "$i" && break; done
+    running "$i" || fail "no member is running"
+    if [ "$want" = multi ]; then
+        sql "$i" "SELECT group_replication_switch_to_multi_primary_mode()" >/dev/null
+    elif [ "$(sql "$i" "SELECT @@group_replication_single_primary_mode")" = 1 ]; then
+        sql "$i" "SELECT group_replication_set_as_primary(@@server_uuid)" >/dev/null
+    else
+        sql "$i" "SELECT group_replication_switch_to_single_primary_mode(@@server_uuid)" >/dev/null
+    fi
+    echo "$want" >"$STATE/mode"
+    say "the group is $want-primary"
+}
+
 status() {
     local i
     for i in $(members); do
@@ -241,9 +261,10 @@ case "${1:-}" in
     stop) stop ;;
     kill) kill_member "${2:?member number}" ;;
     restart) restart "${2:?member number}" ;;
+    mode) mode "${2:?single or multi}" ;;
     status) status ;;
     urls) urls "${2:-}" ;;
     forget) forget ;;
-    *) echo "usage: $0 start [N] [multi] | stop | kill I | restart I | status | urls [DB] | forget" >&2
+    *) echo "usage: $0 start [N] [multi] | stop | mode single|multi | kill I | restart I | status | urls [DB] | forget" >&2
        exit 2 ;;
 esac

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import peewee as pw
 import pymysql
 
-from ..errors import DuplicateEventError, LockConflictError, PayloadError
+from ..errors import DuplicateEventError, LockConflictError, PayloadError, WriteSetTooLargeError
 from . import mysql_packet
 from . import mysql_sql as sql
 from .contract import Column, Family
@@ -145,6 +145,12 @@ ER_ERROR_DURING_COMMIT, ER_TRANSACTION_ROLLBACK_DURING_COMMIT = 1180, 3101
 CONFLICTS = frozenset({ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK, ER_ERROR_DURING_COMMIT,
                        ER_TRANSACTION_ROLLBACK_DURING_COMMIT})
 ER_NO_SUCH_TABLE = 1146
+#: A transaction over a cluster's write-set limit: Galera's 1105 "Maximum writeset size
+#: exceeded" (wsrep_max_ws_size), and Group Replication's 3100 "Error on observer while running
+#: replication hook 'before_commit'" at COMMIT (group_replication_transaction_size_limit; the
+#: member's error log names the limit). The server rolled the whole transaction back.
+ER_UNKNOWN_ERROR, ER_RUN_HOOK_ERROR = 1105, 3100
+_TOO_LARGE = {ER_UNKNOWN_ERROR: "writeset size", ER_RUN_HOOK_ERROR: "before_commit"}
 #: A server that answers but cannot take writes: read-only (1290, "running with the
 #: --read-only / --super-read-only option"), or a Galera node not ready (1047, "WSREP has not
 #: yet prepared node for application use"). Each is the wrong host (SPEC §12), worth a
@@ -237,6 +243,23 @@ class MySQLFamily(Family):
         if errno in CONFLICTS:
             return LockConflictError(errno, str(getattr(exc, "orig", exc)))
         return None
+
+    @staticmethod
+    def write_set_too_large(exc: BaseException) -> WriteSetTooLargeError | None:
+        """The WriteSetTooLargeError for a transaction a cluster refused for its size (Galera's
+        1105 over wsrep_max_ws_size, Group Replication's 3100 at COMMIT over
+        group_replication_transaction_size_limit), else None."""
+        errno = errno_of(exc)
+        args = getattr(getattr(exc, "orig", exc), "args", ())
+        message = str(args[1]) if len(args) > 1 else str(exc)
+        if errno not in _TOO_LARGE or _TOO_LARGE[errno] not in message.lower():
+            return None
+        setting = ("wsrep_max_ws_size" if errno == ER_UNKNOWN_ERROR
+                   else "group_replication_transaction_size_limit")
+        return WriteSetTooLargeError(
+            f"the cluster refused the transaction: its write set is over {setting} (MySQL "
+            f"error {errno}: {message}); nothing of it was written: make the transaction "
+            "smaller (fewer events or smaller payloads), or raise the limit")
 
     @staticmethod
     def connection_trouble(exc: BaseException) -> str | None:

@@ -241,6 +241,11 @@ class PostgreSQLFamily(Family):
         return None
 
     @staticmethod
+    def write_set_too_large(exc: BaseException) -> None:
+        """None: PostgreSQL has no write-set limit (a standby replays any transaction)."""
+        return None
+
+    @staticmethod
     def connection_trouble(exc: BaseException) -> str | None:
         error = driver_error(exc)
         if error is None:

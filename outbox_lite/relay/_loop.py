@@ -16,7 +16,7 @@ from .._db import CONNECTION_ERRORS, is_connection_error, reconnect
 from .._families import family_of
 from .._session import claim_transaction
 from .._signals import interruption
-from ..errors import InvalidEventError, LockConflictError, WrongHostError
+from ..errors import InvalidEventError, LockConflictError, WriteSetTooLargeError, WrongHostError
 from ..models import OutboxEvent
 from .._credentials import redact
 from ..repository import OutboxRepository, OutboxStats
@@ -120,6 +120,9 @@ class Relay(Recording, Publishing, Interruption):
         self.publisher = publisher
         self.worker_id = _checks.name("worker_id", worker_id or default_worker_id())
         self.batch_size = _checks.positive_int("batch_size", batch_size, _checks.MAX_LIMIT)
+        #: Events per claim now: ``batch_size`` until a cluster refuses a claim's transaction
+        #: for its size (its write-set limit), then halved each time, down to 1.
+        self.claim_limit = self.batch_size
         self.lock_timeout = _checks.duration("lock_timeout", lock_timeout).total_seconds()
         self.ordered = _checks.flag("ordered", ordered)
         self.heartbeat = _seconds("heartbeat", heartbeat, self.lock_timeout / 3)
@@ -204,6 +207,11 @@ class Relay(Recording, Publishing, Interruption):
                     if self._rest(result, idle, stop, until_empty):
                         return
                     reconnect_pause = self.reconnect_pause
+                except WriteSetTooLargeError as exc:
+                    if carried is not None:  # record them alone: one transaction less large
+                        self._record(carried, None)
+                        carried = None
+                    self._smaller_claims(exc, stop)
                 except _SURVIVED as exc:
                     reconnect_pause = self._survive(exc, reconnect_pause, stop)
                 self._progress()
@@ -269,6 +277,20 @@ class Relay(Recording, Publishing, Interruption):
         reconnect_pause = self._pause(reconnect_pause, stop)
         self._reconnect()
         return reconnect_pause
+
+    def _smaller_claims(self, exc: WriteSetTooLargeError, stop: threading.Event) -> None:
+        """A claim's transaction was over the cluster's write-set limit and nothing of it was
+        written: claim half as many events from now on. At one event (a single row over the
+        limit) there is nothing to halve: say so and try again after the idle pause."""
+        if self.claim_limit > 1:
+            self.claim_limit = max(1, self.claim_limit // 2)
+            logger.warning("relay %s: %s; claiming %d events at a time from now on",
+                           self.worker_id, exc, self.claim_limit)
+            return
+        logger.error("relay %s: %s; even one event is over the limit: raise it on the"
+                     " cluster (trying again in %.1f s)", self.worker_id, exc, self.idle_pause)
+        self._progress(waiting=self.idle_pause)
+        stop.wait(self.idle_pause)
 
     @property
     def running(self) -> bool:
@@ -337,8 +359,8 @@ class Relay(Recording, Publishing, Interruption):
                 if carried is not None:
                     self._record_steps(carried.copy(), recorded, published)
                 batch = adopted or self.repository.claim_batch(
-                    self.worker_id, limit=self.batch_size, ordered=self.ordered)
-        except LockConflictError:
+                    self.worker_id, limit=self.claim_limit, ordered=self.ordered)
+        except (LockConflictError, WriteSetTooLargeError):
             # Rolled back, COMMIT refused or not: nothing of it happened, so there is nothing
             # to read back, but for a batch adopted from an earlier doubt (held, unpublished).
             self._doubt_since = claimed_since if adopted else None

@@ -53,3 +53,34 @@ def harness() -> ModuleType:
     sys.modules["galera_relays"] = module
     spec.loader.exec_module(module)
     return module
+
+
+GROUP_REPLICATION = CHECKOUT / "scripts" / "group-replication.sh"
+
+
+def _online_members() -> int:
+    done = subprocess.run([str(GROUP_REPLICATION), "status"], capture_output=True, text=True)
+    return sum("\tONLINE\t" in line for line in done.stdout.splitlines())
+
+
+@pytest.fixture(scope="session")
+def group_replication_urls() -> Iterator[list[str]]:
+    """A real MySQL 9.7 Group Replication group of 3 members (scripts/group-replication.sh,
+    multi-primary at the start; each test sets the mode it needs with ``mode``).
+    ``OUTBOX_GR_URLS`` names a running group instead; else one is started and stopped, by its
+    pids, after the session unless it was running before."""
+    given = os.environ.get("OUTBOX_GR_URLS")
+    if given:
+        yield given.split()
+        return
+    was_running = _online_members() == 3
+    started = subprocess.run([str(GROUP_REPLICATION), "start", "3", "multi"],
+                             capture_output=True, text=True)
+    if started.returncode != 0:
+        pytest.exit(f"scripts/group-replication.sh start failed:\n{started.stderr}", returncode=3)
+    try:
+        yield started.stdout.split()
+    finally:
+        if not was_running:
+            subprocess.run([str(GROUP_REPLICATION), "stop"], check=False)
+
