@@ -145,6 +145,12 @@ class RelayGroup:
             self.errors[name] = exc
             logger.error("relay %s for database %s ended: %s", relay.worker_id, name,
                          redact(str(exc) or type(exc).__name__))
+        finally:
+            try:  # the connection this thread opened: no other thread can close it
+                relay.repository.database.close()
+            except Exception as exc:  # noqa: BLE001 - the relay's outcome is told already
+                logger.debug("relay %s: closing its connection: %s", relay.worker_id,
+                             redact(str(exc) or type(exc).__name__))
 
     def run_once(self) -> dict[str, RoundResult]:
         """One round of each relay in turn, in the calling thread; their counts by name. A
