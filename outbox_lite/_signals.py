@@ -41,12 +41,14 @@ class Interrupted(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: threading.Event, say: Say) -> Iterator[None]:
+def stop_on_signals(stop: threading.Event, say: Say,
+                    reload: threading.Event | None = None) -> Iterator[None]:
     """While in the block: the first SIGTERM or SIGINT sets ``stop`` (from a thread of its
     own, never from the handler); a SIGINT after an earlier stop signal raises
     :class:`Interrupted` in the main thread at once; a later SIGTERM only calls ``say``.
-    Must be entered from the main thread. The previous handlers and wakeup fd come back
-    afterwards."""
+    With ``reload``, each SIGHUP sets that Event (and stops nothing): whoever waits on it
+    re-reads its configuration. Must be entered from the main thread. The previous handlers
+    and wakeup fd come back afterwards."""
     # Two views of the order of signals: the handler's (the order Python runs handlers in,
     # which for signals pending together is by number, SIGINT first) and the watcher's (the
     # order the signals arrived in). The watcher's decides; the handler's lets a second
@@ -66,7 +68,15 @@ def stop_on_signals(stop: threading.Event, say: Say) -> Iterator[None]:
             raised[0] = True
             raise Interrupted(signal.SIGINT)
 
-    def react(signum: int, count: int) -> None:
+    stops = [0]  # stop signals read by the watcher (a SIGHUP is none)
+
+    def react(signum: int, _read: int) -> None:
+        if signum == signal.SIGHUP:
+            if reload is not None:
+                reload.set()
+            return
+        stops[0] += 1
+        count = stops[0]
         if count == 1:
             stop.set()
             say(signum, True)
@@ -77,7 +87,13 @@ def stop_on_signals(stop: threading.Event, say: Say) -> Iterator[None]:
             if main_thread is not None:  # a real signal, so a blocking call is interrupted
                 signal.pthread_kill(main_thread, signal.SIGINT)
 
-    with _watching(react, {signal.SIGTERM: handler, signal.SIGINT: handler}):
+    def reread(signum: int, frame: FrameType | None) -> None:
+        """Nothing in signal context: the watcher thread sets ``reload``."""
+
+    handlers: dict[int, _Handler] = {signal.SIGTERM: handler, signal.SIGINT: handler}
+    if reload is not None:
+        handlers[signal.SIGHUP] = reread
+    with _watching(react, handlers):
         yield
 
 

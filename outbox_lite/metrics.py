@@ -30,14 +30,17 @@ families:
 ==========================================  =========  ==========================================
 
 The only labels are ``outcome`` and ``status``, each of a few fixed values: never an aggregate,
-a payload, an error message or a worker id. The families come from one snapshot taken under
-one lock, so within a scrape the lag histogram's count is ``events_total{outcome="published"}``.
+a payload, an error message or a worker id; and, in a process that relays for several
+databases (:meth:`RelayMetrics.database`), ``database`` on every family: the operator's name
+of each one, never a credential. The families come from one snapshot taken under one lock, so
+within a scrape the lag histogram's count is ``events_total{outcome="published"}``.
 The gauges are absent until the first ``stats()`` has been read.
 
 :meth:`RelayMetrics.serve` answers ``/metrics`` (the registry's text format, by
 ``prometheus_client``) and ``/healthz``: 200 while every relay attached is running and its loop
 made progress within its ``stuck_after`` (see :meth:`~outbox_lite.relay.Relay.progress_age`),
-503 otherwise, with one line per relay saying why.
+503 otherwise, with one line per relay saying why; labelled by database, 200 while every
+database's relay runs and none is stuck, each line naming its database.
 """
 
 from __future__ import annotations
@@ -101,12 +104,59 @@ class _Histogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: value <= bound
         self.sum += value
 
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+    def buckets(self) -> tuple[list[tuple[str, float]], float]:
+        """(the cumulative count of each bucket by its bound, the sum), as a histogram
+        family's sample takes them."""
         cumulative, buckets = 0, []
         for bound, count in zip((*self.bounds, float("inf")), self.counts):
             cumulative += count
             buckets.append((floatToGoString(bound), float(cumulative)))
-        return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.sum)
+        return buckets, self.sum
+
+    def copy(self) -> _Histogram:
+        copy = _Histogram.__new__(_Histogram)
+        copy.bounds, copy.counts, copy.sum = self.bounds, list(self.counts), self.sum
+        return copy
+
+
+class _Tally:
+    """What the relays of one database (or, unlabelled, of the whole process) told; the
+    caller holds the RelayMetrics' lock."""
+
+    def __init__(self, publish_buckets: Sequence[float], lag_buckets: Sequence[float]) -> None:
+        self.events = dict.fromkeys(OUTCOMES, 0)
+        self.released = self.publish_errors = self.rounds = self.conflicts = 0
+        self.retained = 0
+        self.publish = _Histogram("publish", publish_buckets)
+        self.lag = _Histogram("lag", lag_buckets)
+        self.stats: OutboxStats | None = None
+        self.relays: weakref.WeakSet[Relay] = weakref.WeakSet()
+
+    def counted(self, counts: RoundResult, published: Sequence[OutboxEvent],
+                at: dt.datetime | None) -> None:
+        for outcome in OUTCOMES:
+            self.events[outcome] += getattr(counts, outcome)
+        self.released += counts.released
+        self.publish_errors += counts.publish_errors
+        self.conflicts += counts.lock_conflicts
+        self.retained += counts.retained
+        if at is not None:
+            for event in published:
+                self.lag.observe(max(0.0, (at - event.available_at).total_seconds()))
+
+    def round_finished(self, publish_seconds: float | None) -> None:
+        self.rounds += 1
+        if publish_seconds is not None:
+            self.publish.observe(publish_seconds)
+
+    def snapshot(self) -> _Tally:
+        """A copy of the numbers, for a scrape outside the lock."""
+        copy = _Tally.__new__(_Tally)
+        copy.__dict__.update(self.__dict__)
+        copy.events = dict(self.events)
+        copy.publish = self.publish.copy()
+        copy.lag = self.lag.copy()
+        return copy
 
 
 class RelayMetrics:
@@ -118,6 +168,12 @@ class RelayMetrics:
     counters of one process should (a label per relay would be unbounded). A registry takes
     one RelayMetrics: a second one on the same registry is an InvalidEventError.
     ``stats_every`` bounds how often each relay reads ``repository.stats()`` for the gauges.
+
+    One process relaying for several databases (SPEC §13) gives each database's relays
+    ``metrics=m.database(name)`` instead: every family then carries the label
+    ``database="<name>"`` (the operator's name for it, never a credential), and ``/healthz``
+    answers for each database. A RelayMetrics is one or the other: relays given ``m`` itself
+    and relays given ``m.database(…)`` do not mix (an InvalidEventError).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, *,
@@ -126,13 +182,10 @@ class RelayMetrics:
                  lag_buckets: Sequence[float] = LAG_BUCKETS) -> None:
         self.stats_every = _checks.duration("stats_every", stats_every).total_seconds()
         self._lock = threading.Lock()
-        self._events = dict.fromkeys(OUTCOMES, 0)
-        self._released = self._publish_errors = self._rounds = self._conflicts = 0
-        self._retained = 0
-        self._publish = _Histogram("publish", publish_buckets)
-        self._lag = _Histogram("lag", lag_buckets)
-        self._stats: OutboxStats | None = None
-        self._relays: weakref.WeakSet[Relay] = weakref.WeakSet()
+        self._buckets = (publish_buckets, lag_buckets)
+        #: The tallies by database name; None: the one of an unlabelled RelayMetrics.
+        self._tallies: dict[str | None, _Tally] = {None: _Tally(*self._buckets)}
+        self._labelled = False  # whether database() has been asked
         self.registry = REGISTRY if registry is None else registry
         if not callable(getattr(self.registry, "register", None)):
             raise TypeError("registry must be a prometheus_client CollectorRegistry")
@@ -143,34 +196,62 @@ class RelayMetrics:
                 "the registry holds outbox_relay_* metrics already: give the relays of a"
                 " process one RelayMetrics, or each its own registry") from exc
 
+    # -- one database's relays ------------------------------------------------------------
+
+    def database(self, name: str) -> DatabaseMetrics:
+        """The observer to give the relays of the database called ``name`` (a printable
+        string of at most 255 characters: the label ``database``'s value, so never a URL
+        with a password). Asking again for a name gives the same numbers."""
+        name = _checks.name("database", name)
+        with self._lock:
+            if not self._labelled:
+                if self._tallies[None].relays:
+                    raise InvalidEventError(
+                        "relays were given this RelayMetrics itself: its families carry no"
+                        " database label, so give every relay metrics.database(name)"
+                        " instead, or none")
+                self._labelled = True
+                del self._tallies[None]
+            self._tallies.setdefault(name, _Tally(*self._buckets))
+        return DatabaseMetrics(self, name)
+
+    def forget(self, name: str) -> None:
+        """Drop the database called ``name`` and its numbers (its relay was stopped for good):
+        its series leave ``/metrics`` and its line leaves ``/healthz``."""
+        with self._lock:
+            if self._labelled:
+                self._tallies.pop(name, None)
+
+    def _tally(self, name: str | None) -> _Tally:
+        """The tally of ``name``; the caller holds the lock."""
+        if (name is None) == self._labelled:
+            raise InvalidEventError(
+                "a RelayMetrics labels every relay by database or none: give every relay"
+                " metrics.database(name), or every one the RelayMetrics itself")
+        tally = self._tallies.get(name)
+        if tally is None:  # forgotten while its relay still reports: counted afresh
+            tally = self._tallies[name] = _Tally(*self._buckets)
+        return tally
+
     # -- what the relays tell (outbox_lite.relay.RelayObserver) ---------------------------
 
-    def attach(self, relay: Relay) -> None:
+    def attach(self, relay: Relay, database: str | None = None) -> None:
         with self._lock:
-            self._relays.add(relay)
+            self._tally(database).relays.add(relay)
 
     def counted(self, counts: RoundResult, published: Sequence[OutboxEvent],
-                at: dt.datetime | None) -> None:
+                at: dt.datetime | None, database: str | None = None) -> None:
         with self._lock:
-            for outcome in OUTCOMES:
-                self._events[outcome] += getattr(counts, outcome)
-            self._released += counts.released
-            self._publish_errors += counts.publish_errors
-            self._conflicts += counts.lock_conflicts
-            self._retained += counts.retained
-            if at is not None:
-                for event in published:
-                    self._lag.observe(max(0.0, (at - event.available_at).total_seconds()))
+            self._tally(database).counted(counts, published, at)
 
-    def round_finished(self, publish_seconds: float | None) -> None:
+    def round_finished(self, publish_seconds: float | None,
+                       database: str | None = None) -> None:
         with self._lock:
-            self._rounds += 1
-            if publish_seconds is not None:
-                self._publish.observe(publish_seconds)
+            self._tally(database).round_finished(publish_seconds)
 
-    def outbox_stats(self, stats: OutboxStats) -> None:
+    def outbox_stats(self, stats: OutboxStats, database: str | None = None) -> None:
         with self._lock:
-            self._stats = stats
+            self._tally(database).stats = stats
 
     # -- what Prometheus reads ------------------------------------------------------------
 
@@ -184,48 +265,68 @@ class RelayMetrics:
 
     def _families(self, *, described: bool) -> Iterator[Metric]:
         with self._lock:
-            events, stats = dict(self._events), self._stats
-            released, errors, rounds = self._released, self._publish_errors, self._rounds
-            conflicts, retained = self._conflicts, self._retained
-            publish = self._publish.family(
-                "outbox_relay_publish_seconds", "Seconds one batch's publish took")
-            lag = self._lag.family(
-                "outbox_relay_lag_seconds",
-                "Seconds from an event's available_at to its publish being recorded")
+            tallies = {name: tally.snapshot() for name, tally in self._tallies.items()}
+            labelled = self._labelled
+        by = ["database"] if labelled else []
+
+        def values(name: str | None, *more: str) -> list[str]:
+            return [*([name] if labelled and name is not None else []), *more]
+
         family = CounterMetricFamily("outbox_relay_events", "Events by the outcome the relay"
-                                     " recorded", labels=["outcome"])
-        for outcome, count in events.items():
-            family.add_metric([outcome], float(count))
-        counters = [("outbox_relay_released", "Expired claims the relay released", released),
-                    ("outbox_relay_publish_errors", "Batches whose publish raised", errors),
-                    ("outbox_relay_rounds", "Rounds the relay ran", rounds),
-                    ("outbox_relay_conflicts", "Transactions and statements rolled back for a"
-                     " lock conflict (a COMMIT a cluster refused too), each retried", conflicts),
-                    ("outbox_relay_retained", "Published events retention deleted", retained)]
-        yield family
-        for name, documentation, value in counters:
-            yield CounterMetricFamily(name, documentation, value=float(value))
-        yield publish
-        yield lag
+                                     " recorded", labels=[*by, "outcome"])
+        counters = [
+            CounterMetricFamily("outbox_relay_released", "Expired claims the relay released",
+                                labels=by),
+            CounterMetricFamily("outbox_relay_publish_errors", "Batches whose publish raised",
+                                labels=by),
+            CounterMetricFamily("outbox_relay_rounds", "Rounds the relay ran", labels=by),
+            CounterMetricFamily("outbox_relay_conflicts", "Transactions and statements rolled"
+                                " back for a lock conflict (a COMMIT a cluster refused too),"
+                                " each retried", labels=by),
+            CounterMetricFamily("outbox_relay_retained", "Published events retention deleted",
+                                labels=by)]
+        publish = HistogramMetricFamily("outbox_relay_publish_seconds",
+                                        "Seconds one batch's publish took", labels=by)
+        lag = HistogramMetricFamily(
+            "outbox_relay_lag_seconds",
+            "Seconds from an event's available_at to its publish being recorded", labels=by)
         statuses = GaugeMetricFamily("outbox_events", "Events per status, from stats()",
-                                     labels=["status"])
+                                     labels=[*by, "status"])
         oldest = GaugeMetricFamily(
             "outbox_oldest_pending_age_seconds",
-            "Seconds the oldest dispatchable event has waited, from stats() (0 when none)")
+            "Seconds the oldest dispatchable event has waited, from stats() (0 when none)",
+            labels=by)
         held = GaugeMetricFamily(
             "outbox_held_back_events",
-            "Pending events behind a dead letter of their aggregate, from stats()")
+            "Pending events behind a dead letter of their aggregate, from stats()", labels=by)
         published = GaugeMetricFamily(
             "outbox_oldest_published_age_seconds",
-            "Seconds since the oldest publish still kept, from stats() (0 when none)")
-        if stats is not None and not described:
-            for status in OutboxStatus:
-                statuses.add_metric([status.value], float(stats.counts.get(status.value, 0)))
-            age = stats.oldest_pending_age
-            oldest.add_metric([], 0.0 if age is None else age.total_seconds())
-            held.add_metric([], float(stats.held_back))
-            kept = stats.oldest_published_age
-            published.add_metric([], 0.0 if kept is None else kept.total_seconds())
+            "Seconds since the oldest publish still kept, from stats() (0 when none)",
+            labels=by)
+        for name, t in sorted(tallies.items(), key=lambda item: item[0] or ""):
+            for outcome, count in t.events.items():
+                family.add_metric(values(name, outcome), float(count))
+            for counter, value in zip(counters, (t.released, t.publish_errors, t.rounds,
+                                                 t.conflicts, t.retained)):
+                counter.add_metric(values(name), float(value))
+            for histogram, numbers in ((publish, t.publish), (lag, t.lag)):
+                buckets, sum_value = numbers.buckets()
+                histogram.add_metric(values(name), buckets, sum_value)
+            stats = t.stats
+            if stats is not None and not described:
+                for status in OutboxStatus:
+                    statuses.add_metric(values(name, status.value),
+                                        float(stats.counts.get(status.value, 0)))
+                age = stats.oldest_pending_age
+                oldest.add_metric(values(name), 0.0 if age is None else age.total_seconds())
+                held.add_metric(values(name), float(stats.held_back))
+                kept = stats.oldest_published_age
+                published.add_metric(values(name),
+                                     0.0 if kept is None else kept.total_seconds())
+        yield family
+        yield from counters
+        yield publish
+        yield lag
         yield statuses
         yield oldest
         yield held
@@ -236,25 +337,22 @@ class RelayMetrics:
     def health(self) -> tuple[bool, list[str]]:
         """(healthy, one line per relay): healthy while at least one relay attached runs and
         no running relay's loop has gone without progress for longer than its
-        ``stuck_after``."""
+        ``stuck_after``. Labelled by database: healthy while every database has a relay
+        running and none of them is stuck; each line starts with its database's name."""
         with self._lock:
-            relays = sorted(self._relays, key=lambda r: r.worker_id)
-        lines, running, stuck = [], 0, 0
-        for relay in relays:
-            age = relay.progress_age()
-            if age is None:
-                lines.append(f"{relay.worker_id}: not running")
-                continue
-            running += 1
-            if age > relay.stuck_after:
-                stuck += 1
-                lines.append(f"{relay.worker_id}: stuck: no progress for {age:.1f} s"
-                             f" (more than {relay.stuck_after:g} s)")
-            else:
-                lines.append(f"{relay.worker_id}: ok (last progress {age:.1f} s ago)")
-        if not running:
-            lines.append("no relay is running")
-        return running > 0 and not stuck, lines
+            groups = {name: sorted(tally.relays, key=lambda r: r.worker_id)
+                      for name, tally in self._tallies.items()}
+            labelled = self._labelled
+        if not labelled:
+            return _health(groups[None])
+        healthy, lines = bool(groups), []
+        for name, relays in sorted(groups.items(), key=lambda item: item[0] or ""):
+            ok, said = _health(relays)
+            healthy = healthy and ok
+            lines += [f"{name}: {line}" for line in said]
+        if not groups:
+            lines.append("no database has a relay")
+        return healthy, lines
 
     # -- serving --------------------------------------------------------------------------
 
@@ -283,6 +381,54 @@ class RelayMetrics:
         """Serve :meth:`wsgi_app` on ``host:port`` (port 0: any free one) from a daemon
         thread; returns the running server (``.port``, ``.close()``)."""
         return MetricsServer(self.wsgi_app(), host, port)
+
+
+
+class DatabaseMetrics:
+    """The :class:`~outbox_lite.relay.RelayObserver` of one database's relays in a
+    :class:`RelayMetrics` labelled by database (:meth:`RelayMetrics.database`)."""
+
+    def __init__(self, metrics: RelayMetrics, name: str) -> None:
+        self.metrics = metrics
+        self.name = name
+
+    @property
+    def stats_every(self) -> float:
+        return self.metrics.stats_every
+
+    def attach(self, relay: Relay) -> None:
+        self.metrics.attach(relay, self.name)
+
+    def counted(self, counts: RoundResult, published: Sequence[OutboxEvent],
+                at: dt.datetime | None) -> None:
+        self.metrics.counted(counts, published, at, self.name)
+
+    def round_finished(self, publish_seconds: float | None) -> None:
+        self.metrics.round_finished(publish_seconds, self.name)
+
+    def outbox_stats(self, stats: OutboxStats) -> None:
+        self.metrics.outbox_stats(stats, self.name)
+
+
+def _health(relays: Sequence[Relay]) -> tuple[bool, list[str]]:
+    """(healthy, one line per relay) of ``relays``: healthy while one of them runs and none
+    that runs has gone without progress for longer than its ``stuck_after``."""
+    lines, running, stuck = [], 0, 0
+    for relay in relays:
+        age = relay.progress_age()
+        if age is None:
+            lines.append(f"{relay.worker_id}: not running")
+            continue
+        running += 1
+        if age > relay.stuck_after:
+            stuck += 1
+            lines.append(f"{relay.worker_id}: stuck: no progress for {age:.1f} s"
+                         f" (more than {relay.stuck_after:g} s)")
+        else:
+            lines.append(f"{relay.worker_id}: ok (last progress {age:.1f} s ago)")
+    if not running:
+        lines.append("no relay is running")
+    return running > 0 and not stuck, lines
 
 
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):

@@ -240,3 +240,28 @@ def hanging_celery() -> _Hanging:
     return _Hanging(CeleryPublisher(os.environ["OUTBOX_TEST_CELERY_URL"],
                                     os.environ["OUTBOX_TEST_CELERY_TASK"],
                                     queue=os.environ["OUTBOX_TEST_CELERY_QUEUE"]))
+
+
+class _Accepting:
+    """Publishes nothing anywhere and reports every event published; one instance per
+    database of a relay process (the factory is called once for each), counted in
+    ``MADE``."""
+
+    MADE = 0
+
+    def __init__(self) -> None:
+        _Accepting.MADE += 1
+        self.number = _Accepting.MADE
+
+    def publish(self, events: Sequence[Any]) -> Mapping[int, BaseException]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<accepting publisher #{self.number}>"
+
+
+def accepting() -> _Accepting:
+    return _Accepting()

@@ -433,3 +433,34 @@ def test_the_readmes_alert_rules_name_only_metrics_the_relay_exports():
     assert named and named <= exported, named - exported
     assert {"outbox_oldest_pending_age_seconds", "outbox_relay_lag_seconds_bucket",
             "outbox_events", "outbox_held_back_events"} <= named  # what the README names
+
+
+def test_metrics_by_database_label_every_family_and_answer_health_for_each(db, repo):
+    metrics = RelayMetrics(CollectorRegistry())
+    orders = Relay(repo, _Rejecting(), metrics=metrics.database("orders"), progress_every=0)
+    billing = Relay(repo, _Rejecting(), metrics=metrics.database("billing"), progress_every=0)
+    seed(repo, 3)
+    orders.run_once()
+    assert db.execute_sql("SELECT COUNT(*) FROM outbox_event WHERE status = 'published'"
+                          ).fetchone()[0] == 3
+    families = {f.name: f for f in metrics.registry.collect()}
+    for family in families.values():
+        assert {s.labels.get("database") for s in family.samples} <= {"orders", "billing"}
+    events = {(s.labels["database"], s.labels["outcome"]): s.value
+              for s in families["outbox_relay_events"].samples}
+    assert events[("orders", "published")] == 3 and events[("billing", "published")] == 0
+    healthy, lines = metrics.health()  # neither relay runs: not healthy, each named
+    assert not healthy and lines[0].startswith("billing: ") and any(
+        line.startswith("orders: ") for line in lines)
+    with pytest.raises(InvalidEventError, match="database"):
+        Relay(repo, _Rejecting(), metrics=metrics)  # unlabelled beside labelled: refused
+    metrics.forget("billing")
+    assert all(s.labels.get("database") != "billing"
+               for f in metrics.registry.collect() for s in f.samples)
+    unlabelled = RelayMetrics(CollectorRegistry())
+    kept = Relay(repo, _Rejecting(), metrics=unlabelled, progress_every=0)
+    with pytest.raises(InvalidEventError, match="database"):
+        unlabelled.database("orders")
+    with pytest.raises(InvalidEventError):
+        RelayMetrics(CollectorRegistry()).database("")
+    assert billing.worker_id != orders.worker_id != kept.worker_id

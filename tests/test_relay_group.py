@@ -149,3 +149,31 @@ def test_names_default_to_the_database_and_must_be_unique(db, repo, db_url):
         RelayGroup([])
     with pytest.raises(TypeError):
         RelayGroup([object()])
+
+
+def test_a_relay_added_while_running_drains_and_one_removed_stops(db, repo, second_db):
+    first, added = Broker(), Broker()
+    seed(repo, 4)
+    second_repo = OutboxRepository(second_db)
+    group = RelayGroup({"first": _relay(repo, first)})
+    stop = group.start()
+    try:
+        _until(lambda: _pending(db) == 0)
+        seed(second_repo, 6)
+        relay = _relay(second_repo, added)
+        assert group.add(relay, "second") == "second" and group.wait(0)
+        _until(lambda: _pending(second_db) == 0)
+        assert group.remove("second") is relay and not relay.running
+        assert list(group.names) == ["first"]
+        later = seed(second_repo, 3)
+        marker = seed(repo, 1)
+        _until(lambda: set(marker) <= first.at.keys())  # the group relays on
+        assert second_db.execute_sql(
+            "SELECT COUNT(*) FROM outbox_event WHERE status = 'pending' AND locked_by IS NULL"
+            " AND id IN (%s, %s, %s)", later).fetchone()[0] == 3
+        with pytest.raises(KeyError):
+            group.remove("second")
+    finally:
+        stop.set()
+        assert not group.wait(60)
+    assert group.errors == {} and added.handed == 6

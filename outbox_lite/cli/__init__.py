@@ -31,43 +31,15 @@ from .._families.url import DatabaseExistsError, DatabaseUrl, DatabaseUrlError
 from ..errors import (ConnectionLostError, DuplicateEventError, IsolationLevelError,
                       LockConflictError, OutboxError, SchemaError)
 from ..models import HISTORY_TABLE
-from .._credentials import redact
 from . import events, inbox, relay
 from ._args import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandError, DatabaseCommandError,
-                    SuggestingParser, add_database_flag, database_url, naming_the_database,
-                    naming_the_server, open_database, parse_positive, suggestion)
+                    SuggestingParser, add_database_flag, database_url, describe_error,
+                    naming_the_database, naming_the_server, open_database, parse_positive,
+                    suggestion)
 
 __all__ = ["build_parser", "main", "version_line"]
 
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a command ended by SIGPIPE (128 + 13)
-
-_GRANTS = "see 'Schema, migrations and grants' in the README"
-_PRIVILEGE_HINTS = {
-    "migrate": "migrate needs SELECT on {history} to see what is applied, and CREATE, "
-               "ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the database to apply "
-               "or roll back migrations; " + _GRANTS,
-}
-
-
-
-def _describe(exc: BaseException, url: DatabaseUrl | None, command: str) -> str:
-    # Our errors chain the driver's (a ConnectionLostError from 2003, say): read its number.
-    driver = exc.__cause__ if isinstance(exc, OutboxError) and exc.__cause__ else exc
-    family = url.family if url is not None else None
-    hint = _PRIVILEGE_HINTS.get(command, _GRANTS).format(history=HISTORY_TABLE)
-    unreadable = url.unreadable_files() if isinstance(exc, OSError) and url else []
-    if unreadable:
-        return (f"URL parameter {unreadable[0]} names a file that does not exist or cannot "
-                "be read")
-    tls = tls_failure(exc)  # before "cannot reach": that would hide why
-    if url is not None and tls is not None:
-        return family.tls_message(url, tls)  # type: ignore[union-attr,no-any-return]
-    said = None if family is None else family.describe(driver, url, hint)
-    if said is not None:
-        return said  # type: ignore[no-any-return]
-    orig = getattr(exc, "orig", exc)
-    return redact(str(orig) or type(orig).__name__)
-
 
 #: Our errors that are the database's (a broker's, a flag's are not).
 _DATABASE_ERRORS = (DatabaseCommandError, ConnectionLostError, SchemaError, LockConflictError,
@@ -299,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in ("peewee_migrate", "aiormq", "nats"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     url: DatabaseUrl | None = None
-    handler: Callable[[argparse.Namespace, DatabaseUrl], int] = args.handler
+    handler: Callable[[argparse.Namespace, DatabaseUrl | None], int] = args.handler
     try:
         url = database_url(args)
         status = handler(args, url)
@@ -316,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _reported() as exc:
         if (interrupt := _signals.interruption(exc)) is not None:
             return _interrupted(args.command, interrupt, exc)
-        message = naming_the_database(_describe(exc, url, args.command), args, url)
+        message = naming_the_database(describe_error(exc, url, args.command), args, url)
         if url is not None and _about_the_database(exc, url):
             where = _contention_database(url) if args.command == "contention" else url
             if str(where) not in message:  # not named already by its migrate hint

@@ -19,10 +19,11 @@ from typing import Any, Iterator, NamedTuple
 import peewee as pw
 
 from .. import _checks, _schema
-from .._db import DEFAULT_URL
+from .._credentials import redact
+from .._db import DEFAULT_URL, tls_failure
 from .._families.url import DatabaseUrl
 from ..errors import OutboxError
-from ..models import TABLE_NAME
+from ..models import HISTORY_TABLE, TABLE_NAME
 from ..repository import OutboxRepository
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -100,9 +101,57 @@ def suggestion(parser: argparse.ArgumentParser,
     return path[-1], f"; did you mean {close[0]}?" if close else ""
 
 
-def database_url(args: argparse.Namespace) -> DatabaseUrl:
-    raw = args.database_url or os.environ.get("OUTBOX_DATABASE_URL") or DEFAULT_URL
-    return DatabaseUrl.parse(raw)
+_GRANTS = "see 'Schema, migrations and grants' in the README"
+_PRIVILEGE_HINTS = {
+    "migrate": "migrate needs SELECT on {history} to see what is applied, and CREATE, "
+               "ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE on the database to apply "
+               "or roll back migrations; " + _GRANTS,
+}
+
+
+
+def describe_error(exc: BaseException, url: DatabaseUrl | None, command: str) -> str:
+    """The one line that says what ``exc`` (raised by ``command`` on the database at ``url``)
+    means, never a password."""
+    # Our errors chain the driver's (a ConnectionLostError from 2003, say): read its number.
+    driver = exc.__cause__ if isinstance(exc, OutboxError) and exc.__cause__ else exc
+    family = url.family if url is not None else None
+    hint = _PRIVILEGE_HINTS.get(command, _GRANTS).format(history=HISTORY_TABLE)
+    unreadable = url.unreadable_files() if isinstance(exc, OSError) and url else []
+    if unreadable:
+        return (f"URL parameter {unreadable[0]} names a file that does not exist or cannot "
+                "be read")
+    tls = tls_failure(exc)  # before "cannot reach": that would hide why
+    if url is not None and tls is not None:
+        return family.tls_message(url, tls)  # type: ignore[union-attr,no-any-return]
+    said = None if family is None else family.describe(driver, url, hint)
+    if said is not None:
+        return said  # type: ignore[no-any-return]
+    orig = getattr(exc, "orig", exc)
+    return redact(str(orig) or type(orig).__name__)
+
+
+def database_url(args: argparse.Namespace) -> DatabaseUrl | None:
+    """The command's one database: --database-url, else $OUTBOX_DATABASE_URL, else the
+    default. None when ``outbox-lite relay`` is given several databases (its repeated
+    --database-url, a NAME=URL, or --databases-file), which it reads itself."""
+    raw = args.database_url
+    if getattr(args, "databases_file", None):
+        return None
+    if isinstance(raw, list):  # outbox-lite relay's flag, which may be repeated
+        if len(raw) > 1 or split_name(raw[0])[0]:
+            return None
+        raw = raw[0]
+    return DatabaseUrl.parse(raw or os.environ.get("OUTBOX_DATABASE_URL") or DEFAULT_URL)
+
+
+def split_name(value: str) -> tuple[str | None, str]:
+    """``NAME=URL`` as (NAME, URL); a bare URL (whose own ``=`` come after its ``://``) as
+    (None, URL)."""
+    head, sep, rest = value.partition("=")
+    if sep and "://" not in head:
+        return head.strip(), rest.strip()
+    return None, value.strip()
 
 
 def naming_the_server(message: str, args: argparse.Namespace, url: DatabaseUrl) -> str:
@@ -253,14 +302,17 @@ def say_purged(what: str, age: Age, dry_run: bool) -> None:
 
 
 def add_database_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--database-url", metavar="URL",
-        help="mysql://user[:password]@host[:port]/database[?option=value&...] or "
-             "postgresql://user[:password]@host[:port]/database[?option=value&...] (also "
-             f"postgres://; default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL}). "
-             "Percent-encode the user and password (%% as %%25); options: "
-             + ", ".join(url_options()) + "; PostgreSQL's: "
-             + ", ".join(url_options("postgresql")))
+    parser.add_argument("--database-url", metavar="URL", help=database_url_help())
+
+
+def database_url_help() -> str:
+    """What --database-url takes, as every command's help says it."""
+    return ("mysql://user[:password]@host[:port]/database[?option=value&...] or "
+            "postgresql://user[:password]@host[:port]/database[?option=value&...] (also "
+            f"postgres://; default: $OUTBOX_DATABASE_URL, else {DEFAULT_URL}). "
+            "Percent-encode the user and password (%% as %%25); options: "
+            + ", ".join(url_options()) + "; PostgreSQL's: "
+            + ", ".join(url_options("postgresql")))
 
 
 def url_options(scheme: str = "mysql") -> list[str]:

@@ -12,11 +12,15 @@ import sys
 import threading
 from typing import Any
 
-from .. import _signals
+from .. import _schema, _signals
 from .._families.url import DatabaseUrl
+from ..models import TABLE_NAME
 from ..publishers._binding import Binding, bindings
-from ._args import (EXIT_OK, CommandError, UsageError, add_database_flag, open_repository,
-                    parse_age_or_seconds, parse_port, parse_positive, parse_seconds)
+from ..repository import OutboxRepository
+from . import _databases
+from ._args import (EXIT_OK, CommandError, UsageError, database_url_help, describe_error,
+                    open_repository, parse_age_or_seconds, parse_port, parse_positive,
+                    parse_seconds)
 
 
 def add_commands(commands: Any) -> None:
@@ -28,8 +32,12 @@ def add_commands(commands: Any) -> None:
                     "outside any transaction (renewing the claims while a publish runs long), "
                     "record the outcomes. SIGTERM or SIGINT stop it once the batch in hand "
                     "is recorded; a second SIGINT stops it at once. A progress line goes to "
-                    "stderr every few seconds; payloads and credentials never do.")
-    add_database_flag(p)
+                    "stderr every few seconds; payloads and credentials never do. Given "
+                    "several databases (--database-url repeated, or --databases-file), it "
+                    "runs a relay for each on a thread of its own: a backlog in one holds "
+                    "back no other, one that cannot be reached is reported and the others "
+                    "go on, and the metrics carry the label database=\"NAME\".")
+    _add_database_flags(p)
     for binding in bindings():  # each shipped publisher's own flags, declared in its module
         for flag in binding.flags:
             p.add_argument(flag.flag, metavar=flag.metavar, help=flag.help)
@@ -78,6 +86,22 @@ def add_commands(commands: Any) -> None:
     p.set_defaults(handler=_cmd_relay)
 
 
+def _add_database_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url", metavar="[NAME=]URL", action="append",
+        help=database_url_help() + ". Repeat it to relay for several "
+             "databases, each NAME=URL or URL: NAME (1-64 letters, digits, _ . -) is the "
+             "metrics' database label and the end of each relay's worker id (default: "
+             "host:port/database)")
+    parser.add_argument(
+        "--databases-file", metavar="PATH",
+        help="relay for the databases this file names, one [NAME=]URL a line (blank lines "
+             "and lines starting with # ignored), instead of --database-url; re-read on "
+             "SIGHUP: a database added gets a relay, one removed has its relay stopped "
+             "once its batch in hand is recorded, one whose URL changed is restarted, and "
+             "a file that does not read rightly is reported and changes nothing")
+
+
 def _add_metrics_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=parse_port, metavar="PORT",
                         help="serve Prometheus metrics at /metrics and a health check at "
@@ -96,9 +120,14 @@ def _add_metrics_flags(parser: argparse.ArgumentParser) -> None:
 
 
 
-def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl) -> int:
+def _cmd_relay(args: argparse.Namespace, url: DatabaseUrl | None) -> int:
     from ..relay import Relay
 
+    if args.databases_file and args.database_url:
+        raise UsageError("--databases-file goes without --database-url: name every database"
+                         " in the file")
+    if url is None:  # several databases: a relay for each
+        return _Relays(args).run()
     metrics = _relay_metrics(args)
     wake = args.wake_url or os.environ.get("OUTBOX_WAKE_URL") or None
     publisher = _publisher(args)
@@ -286,3 +315,189 @@ def _say_stopping(signum: int, first: bool) -> None:
         does = ("stopping after the batch in hand is recorded (a SIGINT stops at once,"
                 " leaving that batch's claims to expire)")
     print(f"outbox-lite relay: {name}: {does}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Several databases: a relay for each (SPEC §13)
+# ---------------------------------------------------------------------------
+
+class _Running:
+    """One database's relay, with the publisher and the connection it owns."""
+
+    def __init__(self, database: _databases.Database, relay: Any, publisher: Any) -> None:
+        self.database, self.relay, self.publisher = database, relay, publisher
+
+    def close(self) -> None:
+        try:
+            self.publisher.close()
+        finally:
+            self.relay.repository.database.close()
+
+
+class _Relays:
+    """``outbox-lite relay`` over several databases: a :class:`RelayGroup` of one relay per
+    database, each with a publisher of its own (the shipped publishers are not thread-safe),
+    its metrics labelled with the database's name; ``--databases-file`` re-read on SIGHUP."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.path: str | None = args.databases_file
+        databases = (_databases.from_file(self.path) if self.path
+                     else _databases.from_flags(args.database_url))
+        self.metrics = _relay_metrics(args)
+        self.wake = args.wake_url or os.environ.get("OUTBOX_WAKE_URL") or None
+        self.worker_id = args.worker_id or None
+        self.running: dict[str, _Running] = {}
+        self.first = databases  # started by run()
+
+    def run(self) -> int:
+        from ..relay import RelayGroup
+
+        server = None
+        try:
+            for database in self.first:  # a broker or a flag that fails: one line, now
+                self.running[database.name] = self._make(database)
+            for running in self.running.values():
+                self._check(running)
+            group = RelayGroup({name: r.relay for name, r in self.running.items()})
+            logging.getLogger("outbox_lite.relay").setLevel(logging.INFO)
+            if self.metrics is not None:
+                server = _serve_metrics(self.metrics, self.args.metrics_host,
+                                        self.args.metrics_port)
+            stop = threading.Event()
+            reload = threading.Event() if self.path else None
+            with _signals.stop_on_signals(stop, _say_stopping, reload):
+                self._say_started(server)
+                group.start(stop, until_empty=self.args.until_empty)
+                try:
+                    while group.wait(0.2):
+                        if reload is not None and reload.is_set() and not stop.is_set():
+                            reload.clear()
+                            self._reload(group)
+                except BaseException as exc:
+                    stop.set()
+                    if _signals.interruption(exc) is not None:
+                        for running in self.running.values():
+                            _say_left(running.relay)
+                    raise
+            if group.errors:  # each logged as it ended
+                raise CommandError(f"the relay of {', '.join(sorted(group.errors))} ended with"
+                                   " an error (said above); the others stopped as asked")
+        finally:
+            if server is not None:
+                server.close()
+            for running in self.running.values():
+                running.close()
+        return EXIT_OK
+
+    def _make(self, database: _databases.Database) -> _Running:
+        """The relay of ``database``, with a publisher of its own (pinged) and its metrics."""
+        from ..relay import Relay, default_worker_id
+
+        publisher = _publisher(self.args)
+        try:
+            repository = OutboxRepository(database.url.database())
+            relay = Relay(repository, publisher,
+                          worker_id=f"{self.worker_id or default_worker_id()}/{database.name}",
+                          batch_size=self.args.batch_size, lock_timeout=self.args.lock_timeout,
+                          ordered=self.args.ordered, max_idle_pause=self.args.max_idle_pause,
+                          progress_every=self.args.progress_every,
+                          metrics=(None if self.metrics is None
+                                   else self.metrics.database(database.name)),
+                          stuck_after=self.args.stuck_after, wake=self.wake,
+                          retain=None if self.args.retain is None else self.args.retain.delta)
+        except ImportError as exc:  # the wake-up's client is not installed: it says which
+            publisher.close()
+            raise CommandError(str(exc)) from None
+        except BaseException:
+            publisher.close()
+            raise
+        return _Running(database, relay, publisher)
+
+    def _check(self, running: _Running) -> bool:
+        """Read the database's outbox once, as one database's relay does at start-up: what
+        is wrong (unreachable, a missing grant or table) is one line naming the database,
+        and its relay starts all the same (it waits for its server; the others go on)."""
+        database = running.relay.repository.database
+        try:
+            _schema.check(database, (TABLE_NAME,))
+            running.relay.repository.stats()
+        except Exception as exc:  # noqa: BLE001 - said, and the other databases go on
+            if _signals.interruption(exc) is not None:
+                raise
+            said = describe_error(exc, running.database.url, "relay")
+            print(f"outbox-lite relay {running.relay.worker_id}: database"
+                  f" {running.database.name} ({running.database.url.location}): {said};"
+                  " its relay keeps trying, the others go on", file=sys.stderr, flush=True)
+            return False
+        finally:
+            database.close()  # this thread's connection: the relay's thread opens its own
+        return True
+
+    def _say_started(self, server: Any) -> None:
+        names = ", ".join(self.running)
+        print(f"outbox-lite relay: {len(self.running)} databases ({names})"
+              + (", ordered" if self.args.ordered else "")
+              + (f"; from {self.path}, re-read on SIGHUP" if self.path else "")
+              + (f"; metrics on {_metrics_url(server)}/metrics" if server else ""),
+              file=sys.stderr, flush=True)
+        for running in self.running.values():
+            self._say_running(running, "")
+
+    @staticmethod
+    def _say_running(running: _Running, why: str) -> None:
+        relay = running.relay
+        print(f"outbox-lite relay {relay.worker_id}: {why}database {running.database.name}"
+              f" from {running.database.url} to {running.publisher!r}"
+              + (f"; woken through {relay.wake!r}" if relay.wake else ""),
+              file=sys.stderr, flush=True)
+
+    # -- SIGHUP -------------------------------------------------------------------------------
+
+    def _reload(self, group: Any) -> None:
+        """Re-read the databases file: stop the relays of databases removed or whose URL
+        changed, then start those added or changed. A file that does not read rightly is
+        said in one line and the running set is kept."""
+        assert self.path is not None
+        try:
+            wanted = {d.name: d for d in _databases.from_file(
+                self.path, _databases.DatabasesFileError)}
+        except CommandError as exc:
+            print(f"outbox-lite relay: SIGHUP: {exc}; the relays of {', '.join(self.running)}"
+                  " go on as they were", file=sys.stderr, flush=True)
+            return
+        for name in list(self.running):
+            if name not in wanted or not self.running[name].database.same(wanted[name]):
+                self._stop(group, name, "removed from" if name not in wanted else
+                           "changed in")
+        for name, database in wanted.items():
+            if name not in self.running:
+                self._start(group, database)
+        print(f"outbox-lite relay: SIGHUP: re-read {self.path}: {len(self.running)} databases"
+              f" ({', '.join(self.running)})", file=sys.stderr, flush=True)
+
+    def _stop(self, group: Any, name: str, why: str) -> None:
+        running = self.running.pop(name)
+        try:
+            group.remove(name)  # its batch in hand recorded first
+        finally:
+            running.close()
+            if self.metrics is not None:
+                self.metrics.forget(name)
+        print(f"outbox-lite relay {running.relay.worker_id}: database {name} {why}"
+              f" {self.path}: its relay stopped", file=sys.stderr, flush=True)
+
+    def _start(self, group: Any, database: _databases.Database) -> None:
+        try:
+            running = self._make(database)
+        except Exception as exc:  # noqa: BLE001 - a broker that fails: the others go on
+            if _signals.interruption(exc) is not None:
+                raise
+            print(f"outbox-lite relay: SIGHUP: database {database.name} not started:"
+                  f" {describe_error(exc, database.url, 'relay')}", file=sys.stderr,
+                  flush=True)
+            return
+        self.running[database.name] = running
+        self._check(running)
+        group.add(running.relay, database.name)
+        self._say_running(running, "added ")
