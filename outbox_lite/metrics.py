@@ -424,6 +424,9 @@ def _health(relays: Sequence[Relay]) -> tuple[bool, list[str]]:
             stuck += 1
             lines.append(f"{relay.worker_id}: stuck: no progress for {age:.1f} s"
                          f" (more than {relay.stuck_after:g} s)")
+        elif (trouble := relay.database_trouble()) is not None:  # trying: no hang, but said
+            lines.append(f"{relay.worker_id}: waiting for its database for"
+                         f" {trouble[0]:.1f} s ({trouble[1]})")
         else:
             lines.append(f"{relay.worker_id}: ok (last progress {age:.1f} s ago)")
     if not running:

@@ -171,6 +171,9 @@ class Relay(Recording, Publishing, Interruption):
         self._given_up = 0  # lost claims counted by _give_up, not yet through _count
         self._running = False
         self._progress_at = 0.0  # time.monotonic() of the loop's last progress (see _progress)
+        #: (time.monotonic() since when, the last error, redacted) while the loop cannot reach
+        #: its database; None once a round has finished (see database_trouble)
+        self._trouble: tuple[float, str] | None = None
         self._cut_short = False  # the last run() was stopped at once (see claims_held)
         if metrics is not None:
             metrics.attach(self)
@@ -204,6 +207,7 @@ class Relay(Recording, Publishing, Interruption):
                         self._record(carried, result)  # before a possibly long wait
                         carried = None
                         self._wait_for_publisher(stop)
+                    self._trouble = None  # a round finished: the database answers
                     if self._rest(result, idle, stop, until_empty):
                         return
                     reconnect_pause = self.reconnect_pause
@@ -268,6 +272,8 @@ class Relay(Recording, Publishing, Interruption):
             return reconnect_pause
         if not is_connection_error(exc):
             raise exc
+        since = time.monotonic() if self._trouble is None else self._trouble[0]
+        self._trouble = (since, redact(str(exc)))
         if isinstance(exc, WrongHostError):  # read-only, a standby: never the relay's death
             logger.warning("relay %s: %s; reconnecting in %.1f s", self.worker_id,
                            redact(str(exc)), reconnect_pause)
@@ -305,6 +311,16 @@ class Relay(Recording, Publishing, Interruption):
         if not self._running:
             return None
         return max(0.0, time.monotonic() - self._progress_at)
+
+    def database_trouble(self) -> tuple[float, str] | None:
+        """While :meth:`run` cannot reach its database (a lost connection, a server that
+        refuses it, a host that cannot take writes): (seconds since the first failure, the
+        last error, credentials redacted). None while rounds finish. The relay keeps trying,
+        so this is no hang (:meth:`progress_age` stays small); it is what an operator asks."""
+        trouble = self._trouble
+        if trouble is None or not self._running:
+            return None
+        return max(0.0, time.monotonic() - trouble[0]), trouble[1]
 
     def _progress(self, *, waiting: float = 0.0) -> None:
         """The loop made progress now, and is about to wait ``waiting`` seconds on purpose
