@@ -83,6 +83,35 @@ class Column(NamedTuple):
     migrated: bool = False  # a migration makes it as wanted: repaired by ``migrate``
 
 
+class SessionAnswer(NamedTuple):
+    """What a family's ``ask_session`` answered for one connection, in one round trip: the
+    session (autocommit, the isolation level as the server writes it, the server), and what
+    the same statement was asked besides: the server's clock (naive UTC, with the
+    ``time.monotonic()`` at the middle of the round trip that read it) and the columns of the
+    tables asked about (rows of table, column, type, collation, as the family's
+    ``SCHEMA_COLUMNS`` reads them). None for what was not asked."""
+
+    autocommit: bool
+    isolation: str
+    server: Any
+    clock: Any = None
+    monotonic: float | None = None
+    columns: list[tuple[Any, ...]] | None = None
+
+
+def clock_middle(before: float, after: float, spent_microseconds: Any) -> float:
+    """The ``time.monotonic()`` to pair with a clock read at a statement's start, sent at
+    ``before`` and answered at ``after``, when the server says it had spent
+    ``spent_microseconds`` on the statement by the time it wrote the answer: the middle of
+    the part of the round trip that was not the server's. The read happened after the
+    statement arrived (at ``before`` at the earliest) and at least that long before the
+    answer left (at ``after`` at the latest), so the middle is off by at most half of that
+    part: never more than half the round trip (when the server says nothing, 0)."""
+    trip = after - before
+    spent = min(max(float(spent_microseconds or 0) / 1e6, 0.0), trip)
+    return before + (trip - spent) / 2
+
+
 class LockCounters(NamedTuple):
     """The server's InnoDB lock counters since it started (global, all sessions)."""
 
