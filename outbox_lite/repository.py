@@ -216,6 +216,7 @@ class OutboxRepository:
         if not self._schema_checked:
             _schema.check(self.database, (TABLE_NAME,))
             self._schema_checked = True
+            self._now = self._read_now  # type: ignore[method-assign]  # checked: read directly
 
     def _event(self, row: Sequence[Any], changes: dict[str, Any] | None,
                instants: Sequence[str]) -> OutboxEvent:
