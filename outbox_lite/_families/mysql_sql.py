@@ -52,6 +52,10 @@ INSERT = Statement(
 #:   turns other errors (a truncated value) into warnings. MariaDB's INSERT … RETURNING: the
 #:   plain INSERT's locks, and the id is the cursor's lastrowid already.
 #:
+#: ``python scripts/bench.py write-locks`` measures them again (docs/benchmarks, issue 30): on
+#: MySQL 9.7 the WHERE NOT EXISTS refusal of a committed duplicate holds only a record lock
+#: on it (no writer waits), but a new key's gap locks remain on both servers.
+#:
 #: So: READ COMMITTED or READ UNCOMMITTED, both servers: :data:`INSERT_UNLESS_TAKEN` (0 rows:
 #: a committed duplicate). REPEATABLE READ or SERIALIZABLE, both servers: :data:`DEDUPE_KEY_TAKEN`,
 #: then the INSERT (two round trips): every one-statement form leaves a lock that holds up
