@@ -37,9 +37,10 @@ def name(field: str, value: Any, max_length: int = MAX_NAME_LENGTH) -> str:
     """
     if not isinstance(value, str):
         raise InvalidEventError(f"{field} must be a str, not {type(value).__name__}")
-    if not value.strip():
+    stripped = value.strip()  # once: a write checks four names
+    if not stripped:
         raise InvalidEventError(f"{field} must not be empty")
-    if value != value.strip():
+    if len(stripped) != len(value):  # strip() only takes away: same length, same text
         raise InvalidEventError(f"{field} must not start or end with white space")
     if len(value) > max_length:
         raise InvalidEventError(

@@ -3,8 +3,9 @@ comes from (SPEC §1), so hosts whose own clocks disagree still agree on lock ex
 and ages.
 
 :class:`ServerClock` reads the server's clock once (its family's ``NOW``; on MySQL
-``SELECT UTC_TIMESTAMP(6)``), notes ``time.monotonic()``
-around that read, and from then on answers ``server time at the read + monotonic time since``
+``SELECT UTC_TIMESTAMP(6)``; on a new connection, the session question that
+:mod:`outbox_lite._session` asks reads it too, in the same round trip), notes
+``time.monotonic()`` around that read, and from then on answers ``server time at the read + monotonic time since``
 with no round trip. It reads again every ``refresh`` seconds (10 by default) and whenever the
 calling thread's connection is a new one (a reconnect may have reached another server). A
 reading is off by at most half the round trip of the read it extrapolates from (well under a
@@ -22,7 +23,8 @@ from typing import Any, NamedTuple
 
 import peewee as pw
 
-from ._db import execute
+from . import _session
+from ._db import ask, execute
 from ._families import family_of
 from .models import aware
 
@@ -49,6 +51,7 @@ class ServerClock:
         self.refresh = refresh
         self.reads = 0  # round trips so far (the tests and the benchmark count them)
         self._now = family_of(database).sql.NOW  # the family's SELECT of its clock
+        _session.read_clock_too(database)  # a new connection's question reads it too
         self._anchor: _Anchor | None = None
         self._local = threading.local()  # the connection this thread last read on
 
@@ -84,14 +87,19 @@ class ServerClock:
         return seen is None or seen() is not self.database.connection()
 
     def _read(self) -> _Anchor:
-        if self.database.is_closed():  # opening would count in the round trip: open first
-            execute(self.database, self._now, ())
-        before = time.monotonic()
-        (server,) = execute(self.database, self._now, ()).fetchone()
-        after = time.monotonic()
+        # Opening a connection would count in the round trip: open first. A new connection's
+        # session question reads the clock too (one round trip for both): take that reading.
+        ask(self.database)
+        taken = _session.take_clock(self.database)
+        if taken is not None and time.monotonic() - taken[1] <= self.refresh:
+            server, middle = taken
+        else:
+            before = time.monotonic()
+            (server,) = execute(self.database, self._now, ()).fetchone()
+            middle = (before + time.monotonic()) / 2
         if not isinstance(server, dt.datetime):  # a driver that hands back text
             server = dt.datetime.fromisoformat(str(server))
-        anchor = _Anchor(server.replace(tzinfo=None), (before + after) / 2)
+        anchor = _Anchor(server.replace(tzinfo=None), middle)
         self._local.connection = _ref(self.database.connection())
         self._anchor = anchor
         self.reads += 1

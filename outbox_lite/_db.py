@@ -194,14 +194,41 @@ def execute(database: pw.Database, sql: str, params: Sequence[Any]) -> Any:
         _session.settled(database, conn)
         return cursor
     except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
-        family = family_of(database)
-        conflict = family.lock_conflict(exc) or family.write_set_too_large(exc)
-        if conflict is not None:
-            raise conflict from exc
-        if family.missing_database(exc):
-            raise SchemaError(f"database {database.database} does not exist"
-                              " (run: outbox-lite migrate)") from exc
-        lost = lost_connection(database, exc)
-        if lost is not None:
-            raise lost from exc
-        raise
+        ours = _translated(database, exc)
+        if ours is exc:
+            raise
+        raise ours from exc
+
+
+def ask(database: pw.Database, tables: Sequence[str] | None = None,
+        ) -> list[tuple[Any, ...]] | None:
+    """Open the calling thread's connection to ``database`` and, when it is a new one, ask
+    the session question (:mod:`outbox_lite._session`), with the columns of ``tables``
+    when given: those rows, or None when the connection had been asked already. Raises
+    what :func:`execute` raises."""
+    try:
+        if tables is None:
+            _session.prepare(database)
+            return None
+        return _session.ask(database, tables)
+    except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
+        ours = _translated(database, exc)
+        if ours is exc:
+            raise
+        raise ours from exc
+
+
+def _translated(database: pw.Database, exc: Exception) -> Exception:
+    """What :func:`execute` raises for the driver's error ``exc`` (``exc`` itself when it
+    means nothing of ours)."""
+    family = family_of(database)
+    conflict = family.lock_conflict(exc) or family.write_set_too_large(exc)
+    if conflict is not None:
+        return conflict
+    if family.missing_database(exc):
+        return SchemaError(f"database {database.database} does not exist"
+                           " (run: outbox-lite migrate)")
+    lost = lost_connection(database, exc)
+    if lost is not None:
+        return lost
+    return exc

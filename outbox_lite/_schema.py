@@ -18,7 +18,7 @@ from typing import Dict, Iterable, NamedTuple, Optional, Tuple
 
 import peewee as pw
 
-from ._db import execute
+from ._db import ask, execute
 from ._families import family_of
 from .errors import SchemaError
 
@@ -46,7 +46,8 @@ _LOCK = threading.Lock()
 def check(database: pw.Database, tables: Iterable[str] = TABLES) -> None:
     """Raise SchemaError unless ``tables`` of ``database`` are as outbox_lite needs them.
 
-    The first call for a database object costs one ``information_schema`` query (and one
+    The first call for a database object costs one ``information_schema`` query (none
+    of its own when the call opens the connection: the session question reads it) (and one
     statement more for a table it does not show: missing, or hidden from the user); later
     calls cost a dictionary lookup. A user who may not read a table gets the server's own
     error (1142), as from any statement on it.
@@ -78,9 +79,11 @@ def forget(database: pw.Database) -> None:
 def _read(database: pw.Database) -> Columns:
     columns: Columns = {table: {} for table in TABLES}
     family = family_of(database)
-    read = family.sql.SCHEMA_COLUMNS
-    for table, column, kind, collation in execute(database, *read.bind(
-            {"tables": family.id_list(TABLES)})).fetchall():
+    rows = ask(database, TABLES)  # a new connection: read by its session question
+    if rows is None:
+        rows = execute(database, *family.sql.SCHEMA_COLUMNS.bind(
+            {"tables": family.id_list(TABLES)})).fetchall()
+    for table, column, kind, collation in rows:
         columns[str(table)][str(column)] = (str(kind).lower(), collation and str(collation))
     return columns
 

@@ -14,6 +14,12 @@ library runs outside it turns autocommit on.
 
 The answer also gives the session's isolation level, which the claim needs
 (:func:`claim_isolation`, :func:`claim_transaction`).
+
+The same statement asks what else a new connection needs once (issue 30: one round trip, not
+four): on MySQL its ``max_allowed_packet`` (kept on the connection by the family); the
+server's clock, for a database whose :class:`~outbox_lite._clock.ServerClock` asked for it
+(:func:`read_clock_too`; the clock takes the reading with :func:`take_clock`); and, when the
+schema check is what opens the connection (:func:`ask`), the tables' columns.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import logging
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import peewee as pw
 
@@ -42,10 +48,15 @@ class Session:
     #: The server, as the connection's handshake named it (no statement asked): the family's
     #: description of it (for MySQL, :class:`~outbox_lite._families.mysql_server.Server`).
     server: Any
+    #: The server's clock as the question read it (naive UTC, and ``time.monotonic()`` at
+    #: the middle of its round trip) until the clock takes it (:func:`take_clock`).
+    clock: tuple[Any, float] | None = None
 
 
 _sessions: "weakref.WeakKeyDictionary[Any, Session]" = weakref.WeakKeyDictionary()
 _warned: "weakref.WeakSet[pw.Database]" = weakref.WeakSet()
+#: The databases whose server clock reads the clock with the session question.
+_clocked: "weakref.WeakSet[pw.Database]" = weakref.WeakSet()
 _lock = threading.Lock()
 
 
@@ -62,15 +73,20 @@ def _connection(database: pw.Database) -> Any:
     return database.connection()
 
 
-def _ask(database: pw.Database) -> tuple[Any, Session]:
-    """Ask the server about the calling thread's connection: one round trip."""
-    autocommit, isolation, server = family_of(database).ask_session(
-        database, _connection(database))
-    session = Session(autocommit=autocommit, isolation=level(isolation), server=server)
+def _ask(database: pw.Database, tables: Sequence[str] | None = None,
+         ) -> tuple[Any, Session, list[tuple[Any, ...]] | None]:
+    """Ask the server about the calling thread's connection: one round trip, which reads the
+    clock too for a database whose clock asked for it, and the columns of ``tables``."""
+    answer = family_of(database).ask_session(
+        database, _connection(database), clock=database in _clocked, tables=tables)
+    session = Session(autocommit=answer.autocommit, isolation=level(answer.isolation),
+                      server=answer.server)
+    if answer.clock is not None and answer.monotonic is not None:
+        session.clock = (answer.clock, answer.monotonic)
     conn = database.connection()  # the one that answered (ReconnectMixin may replace one)
     with _lock:
         _sessions[conn] = session
-    return conn, session
+    return conn, session, answer.columns
 
 
 def prepare(database: pw.Database) -> Any:
@@ -82,12 +98,47 @@ def prepare(database: pw.Database) -> Any:
     conn = _connection(database)
     session = _sessions.get(conn)  # a dict read, atomic under the GIL; writes take the lock
     if session is None:
-        conn, session = _ask(database)
+        conn, session, _ = _ask(database)
+    _autocommit(database, session)
+    return conn
+
+
+def ask(database: pw.Database, tables: Sequence[str]) -> list[tuple[Any, ...]] | None:
+    """:func:`prepare`, and when the calling thread's connection is a new one, the columns
+    of ``tables`` read by the same round trip (rows as the family's ``SCHEMA_COLUMNS`` reads
+    them); None when the connection had been asked about before."""
+    conn = _connection(database)
+    session = _sessions.get(conn)
+    columns = None
+    if session is None:
+        conn, session, columns = _ask(database, tables)
+    _autocommit(database, session)
+    return columns
+
+
+def _autocommit(database: pw.Database, session: Session) -> None:
     if not session.autocommit and not database.in_transaction():
         database.execute_sql(family_of(database).sql.AUTOCOMMIT_ON)
         session.autocommit = True
         _warn(database)
-    return conn
+
+
+def read_clock_too(database: pw.Database) -> None:
+    """Have every new connection's question to ``database`` read the server's clock too."""
+    with _lock:
+        _clocked.add(database)
+
+
+def take_clock(database: pw.Database) -> tuple[Any, float] | None:
+    """The clock reading the question of the calling thread's connection made and no one has
+    taken yet ((naive UTC instant, monotonic time at the middle of its round trip)), or
+    None."""
+    session = _sessions.get(database.connection())
+    if session is None:
+        return None
+    with _lock:
+        reading, session.clock = session.clock, None
+    return reading
 
 
 def session_of(database: pw.Database) -> Session:

@@ -165,12 +165,12 @@ class OutboxRepository:
         if not isinstance(self.backoff, Backoff):
             raise TypeError("backoff must be an outbox_lite.Backoff")
         self.clock: Clock
-        self._now: Callable[[], dt.datetime]  # naive UTC, as DATETIME(6) stores it
+        self._read_now: Callable[[], dt.datetime]  # naive UTC, as DATETIME(6) stores it
         if clock is None:
             self.clock = server = server_clock(self.database)
-            self._now = server.naive
+            self._read_now = server.naive
         else:  # checked now, and on every reading
-            self._now = _checks.clock(clock)
+            self._read_now = _checks.clock(clock)
             self.clock = clock
         self.max_payload_bytes = _checks.positive_int("max_payload_bytes", max_payload_bytes)
         if isinstance(allowed_payload_keys, str):
@@ -204,10 +204,19 @@ class OutboxRepository:
         """:meth:`_execute` of one of the family's statements, its parameters by name."""
         return self._execute(*statement.bind(values))
 
+    def _now(self) -> dt.datetime:
+        """The clock's reading (naive UTC). The first call checks the table first, so that on
+        a new connection the schema check's session question reads the clock too (one round
+        trip for both, :mod:`outbox_lite._session`)."""
+        if not self._schema_checked:
+            self._check_schema()
+        return self._read_now()
+
     def _check_schema(self) -> None:
         if not self._schema_checked:
             _schema.check(self.database, (TABLE_NAME,))
             self._schema_checked = True
+            self._now = self._read_now  # type: ignore[method-assign]  # checked: read directly
 
     def _event(self, row: Sequence[Any], changes: dict[str, Any] | None,
                instants: Sequence[str]) -> OutboxEvent:

@@ -14,7 +14,9 @@ error (an error would abort the caller's transaction).
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -212,3 +214,72 @@ def test_a_session_level_of_read_committed_is_one_statement_on_both_servers(db, 
     assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
         "job-42", "warm"]
     assert fetch("SELECT name FROM job") == [{"name": "after"}]
+
+
+# ---------------------------------------------------------------------------
+# A new connection: everything it is asked once, in one statement (issue 30)
+# ---------------------------------------------------------------------------
+
+def _words(sql: str) -> set[str]:
+    return {word for word in (FAMILY.CLOCK_WORD, FAMILY.CATALOG_WORD) if word in sql}
+
+
+def _server_now(fetch: Any) -> dt.datetime:
+    return fetch(f"SELECT {FAMILY.UTC_NOW} AS now")[0]["now"].replace(tzinfo=dt.timezone.utc)
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "dedupe-key"])
+def test_a_new_connection_is_asked_everything_in_one_statement(db_url, fetch, keyed):
+    """The session (autocommit, isolation level), the server's clock, the tables' columns and,
+    on MySQL, max_allowed_packet: one statement on a new connection (was four on MySQL and
+    MariaDB, three on PostgreSQL), then the write; the next write on it sends the write only.
+    The clock and the schema check keep working from that one answer."""
+    database = db_url.database()
+    repo = OutboxRepository(database)  # the server's clock
+    try:
+        server_before = _server_now(fetch)
+        started = time.monotonic()
+        with capture_sql(database) as statements, database.atomic():
+            first = repo.create_in_transaction(**EVENT, dedupe_key="new-1" if keyed else None)
+        slack = dt.timedelta(seconds=(time.monotonic() - started) / 2)
+        server_after = _server_now(fetch)
+        with capture_sql(database) as again, database.atomic():
+            repo.create_in_transaction(**EVENT, dedupe_key="new-2" if keyed else None)
+    finally:
+        database.close()
+    # The clock's reading came from the question: the server's, give or take half of what
+    # the round trip can have been (the whole write's time bounds it).
+    assert server_before - slack <= first.created_at <= server_after + slack
+    expected = _expected_write(None, "REPEATABLE READ", keyed)
+    assert _library_statements(statements) == ["SELECT", *expected], statements
+    question = statements[1][0]
+    assert _words(question) == {FAMILY.CLOCK_WORD, FAMILY.CATALOG_WORD}, question
+    assert not any(_words(sql) for sql, _ in statements[2:]), statements
+    assert _library_statements(again) == expected, again
+    assert repo.clock.reads == 1
+    row = fetch("SELECT created_at FROM outbox_event WHERE id = %s", first.id)[0]
+    assert row["created_at"] == first.created_at.replace(tzinfo=None)
+
+
+def test_a_new_connection_outside_a_transaction_is_one_question_too(db_url, fetch):
+    """A repository call that opens the connection itself (a relay's first call): the
+    question, then the call's statement (on main: the clock read twice, the session, the
+    schema, then the statement). After a reconnect: the question again (the clock, no
+    schema: checked once per database object), then the statement."""
+    from outbox_lite import reconnect
+    database = db_url.database()
+    repo = OutboxRepository(database)
+    try:
+        database.close()
+        with capture_sql(database) as statements:
+            assert repo.mark_published(1, "nobody") is False
+        reconnect(database)
+        with capture_sql(database) as after:
+            assert repo.mark_published(1, "nobody") is False
+    finally:
+        database.close()
+    assert [sql.split()[0] for sql, _ in statements] == ["SELECT", "UPDATE"], statements
+    assert _words(statements[0][0]) == {FAMILY.CLOCK_WORD, FAMILY.CATALOG_WORD}
+    assert [sql.split()[0] for sql, _ in after] == ["SELECT", "UPDATE"], after
+    assert _words(after[0][0]) == {FAMILY.CLOCK_WORD}, after
+    assert repo.clock.reads == 2

@@ -8,6 +8,7 @@ never imports the table that names it (:mod:`outbox_lite._families`), as peewee'
 
 from __future__ import annotations
 
+import operator
 import re
 from types import ModuleType
 from typing import Any, ClassVar, Mapping, NamedTuple
@@ -26,18 +27,24 @@ class Statement(str):
     named: str
     _parts: list[str]
     _texts: dict[tuple[int, ...], str]
+    _getter: Any
 
     def __new__(cls, text: str) -> "Statement":
         statement = super().__new__(cls, _NAMED.sub("%s", text))
         statement.names = tuple(_NAMED.findall(text))
         statement.named = text
         statement._parts = _NAMED.split(text)[::2]  # the text around each placeholder
+        names = statement.names
+        # params() per write: one C call, made once per statement (a tuple for any count)
+        statement._getter = (operator.itemgetter(*names) if len(names) > 1 else
+                             (lambda values, name=names[0]: (values[name],)) if names else
+                             (lambda values: ()))
         statement._texts = {}  # the text for each shape of list parameters
         return statement
 
     def params(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
         """The parameters in order, for a statement without list parameters."""
-        return tuple(values[name] for name in self.names)
+        return self._getter(values)  # type: ignore[no-any-return]
 
     def bind(self, values: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
         """(text, parameters) to send for ``values``, a tuple among them making its list."""
@@ -81,6 +88,35 @@ class Column(NamedTuple):
     kind: str  # what information_schema's type of it must start with ("": anything)
     exact: bool  # compared exactly (the family's ``exact_collation``)
     migrated: bool = False  # a migration makes it as wanted: repaired by ``migrate``
+
+
+class SessionAnswer(NamedTuple):
+    """What a family's ``ask_session`` answered for one connection, in one round trip: the
+    session (autocommit, the isolation level as the server writes it, the server), and what
+    the same statement was asked besides: the server's clock (naive UTC, with the
+    ``time.monotonic()`` at the middle of the round trip that read it) and the columns of the
+    tables asked about (rows of table, column, type, collation, as the family's
+    ``SCHEMA_COLUMNS`` reads them). None for what was not asked."""
+
+    autocommit: bool
+    isolation: str
+    server: Any
+    clock: Any = None
+    monotonic: float | None = None
+    columns: list[tuple[Any, ...]] | None = None
+
+
+def clock_middle(before: float, after: float, spent_microseconds: Any) -> float:
+    """The ``time.monotonic()`` to pair with a clock read at a statement's start, sent at
+    ``before`` and answered at ``after``, when the server says it had spent
+    ``spent_microseconds`` on the statement by the time it wrote the answer: the middle of
+    the part of the round trip that was not the server's. The read happened after the
+    statement arrived (at ``before`` at the earliest) and at least that long before the
+    answer left (at ``after`` at the latest), so the middle is off by at most half of that
+    part: never more than half the round trip (when the server says nothing, 0)."""
+    trip = after - before
+    spent = min(max(float(spent_microseconds or 0) / 1e6, 0.0), trip)
+    return before + (trip - spent) / 2
 
 
 class LockCounters(NamedTuple):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from typing import Any, Callable, Sequence
 
 import peewee as pw
@@ -21,7 +22,8 @@ import pymysql
 from ..errors import DuplicateEventError, LockConflictError, PayloadError, WriteSetTooLargeError
 from . import mysql_packet
 from . import mysql_sql as sql
-from .contract import Column, Family
+from .contract import Column, Family, SessionAnswer
+from .contract import clock_middle as _middle
 from .mysql_server import LockCounters, Server, peewee_query, server_of
 from .url import DatabaseUrl, DatabaseUrlError, flag_option, text_option
 
@@ -337,15 +339,31 @@ class MySQLFamily(Family):
     # -- sessions -----------------------------------------------------------------------
 
     @staticmethod
-    def ask_session(database: pw.Database, conn: Any) -> tuple[bool, str, Server]:
-        """(autocommit, isolation level as the server writes it, the server) of the calling
-        thread's connection ``conn``: one round trip (the server from its handshake)."""
+    def ask_session(database: pw.Database, conn: Any, *, clock: bool = False,
+                    tables: Sequence[str] | None = None) -> SessionAnswer:
+        """What the calling thread's new connection ``conn`` is, in one round trip
+        (:func:`.mysql_sql.session_question`): autocommit, the isolation level as the server
+        writes it, the server (from the handshake); its ``max_allowed_packet``, kept on the
+        connection for :func:`.mysql_packet.packet_limit`; with ``clock`` the server's clock;
+        with ``tables`` their columns. A connection of a URL listing several hosts was asked
+        its session when it opened (:func:`not_writable`): then nothing more is asked here,
+        and the clock, the packet limit and the columns are read by their own statements."""
         server = Server(str(conn.server_version))
         row = getattr(conn, "_outbox_session", None)  # asked at connect (FirstWritable)
-        if row is None:
-            row = database.execute_sql(
-                sql.SESSION_MARIADB if server.is_mariadb else sql.SESSION_MYSQL).fetchone()
-        return bool(int(row[0])), str(row[1]), server
+        if row is not None:
+            return SessionAnswer(bool(int(row[0])), str(row[1]), server)
+        question = sql.session_question(server.is_mariadb, clock, tables is not None)
+        before = time.monotonic()
+        rows = database.execute_sql(*question.bind({"tables": tuple(tables or ())})).fetchall()
+        after = time.monotonic()
+        first = next(row for row in rows if row[0] == 0)
+        _kind, autocommit, isolation, packet, version, now, spent = first[:7]
+        # on the connection that answered (a ReconnectMixin database may have replaced conn)
+        mysql_packet.remember(database.connection(), int(packet), str(version))
+        columns = None if tables is None else [tuple(row[7:11]) for row in rows if row[0] == 1]
+        return SessionAnswer(bool(int(autocommit)), str(isolation), server,
+                             now if clock else None, _middle(before, after, spent) if clock else None,
+                             columns)
 
     @staticmethod
     def host_count(database: pw.Database) -> int:

@@ -1,6 +1,7 @@
 """MySQL's ``max_allowed_packet``: the largest statement it takes and, on MySQL, the largest
-JSON text it gives back. Read once per connection (``SELECT @@SESSION.max_allowed_packet``),
-cached on the connection object, so a reconnect reads it again.
+JSON text it gives back. Read once per connection, with the session question
+(:func:`.mysql_sql.session_question`; else ``SELECT @@SESSION.max_allowed_packet``), cached on
+the connection object, so a reconnect reads it again.
 
 What each server does with a payload past it (measured on MariaDB 10.11 and MySQL 9.7 with
 ``max_allowed_packet`` 64 KiB):
@@ -54,8 +55,14 @@ def packet_limit(database: pw.Database, execute: Any) -> PacketLimit:
         if cached is not None:
             return cached  # type: ignore[no-any-return]
     size, version = execute(sql.PACKET, ()).fetchone()
-    limit = PacketLimit(int(size), "mariadb" not in str(version).lower())
-    setattr(database.connection(), _ATTRIBUTE, limit)
+    return remember(database.connection(), int(size), str(version))
+
+
+def remember(conn: Any, max_allowed_packet: int, version: str) -> PacketLimit:
+    """Keep the limit of ``conn`` (its ``max_allowed_packet`` and ``VERSION()``, as
+    :data:`~.mysql_sql.PACKET` or the session question read them) on it; return it."""
+    limit = PacketLimit(max_allowed_packet, "mariadb" not in version.lower())
+    setattr(conn, _ATTRIBUTE, limit)
     return limit
 
 

@@ -52,6 +52,10 @@ INSERT = Statement(
 #:   turns other errors (a truncated value) into warnings. MariaDB's INSERT … RETURNING: the
 #:   plain INSERT's locks, and the id is the cursor's lastrowid already.
 #:
+#: ``python scripts/bench.py write-locks`` measures them again (docs/benchmarks, issue 30): on
+#: MySQL 9.7 the WHERE NOT EXISTS refusal of a committed duplicate holds only a record lock
+#: on it (no writer waits), but a new key's gap locks remain on both servers.
+#:
 #: So: READ COMMITTED or READ UNCOMMITTED, both servers: :data:`INSERT_UNLESS_TAKEN` (0 rows:
 #: a committed duplicate). REPEATABLE READ or SERIALIZABLE, both servers: :data:`DEDUPE_KEY_TAKEN`,
 #: then the INSERT (two round trips): every one-statement form leaves a lock that holds up
@@ -364,6 +368,34 @@ SCHEMA_COLUMNS = Statement(
     "SELECT table_name, column_name, column_type, collation_name"
     " FROM information_schema.columns WHERE table_schema = DATABASE()"
     " AND table_name IN %(tables)s")
+
+
+@functools.lru_cache(maxsize=8)
+def session_question(mariadb: bool, clock: bool, schema: bool) -> Statement:
+    """Everything a new connection is asked, in one statement (``outbox_lite._session``).
+    The session's row (0 in the first column, the last row) says the session's autocommit
+    and isolation level (:data:`SESSION_MARIADB`, :data:`SESSION_MYSQL`),
+    ``max_allowed_packet`` and the version (:data:`PACKET`) and, with ``clock``, the
+    server's clock at the statement's start (:data:`NOW`) and the microseconds the server
+    has spent on the statement when it writes that row (so the clock knows how much of the
+    round trip was not the network's); with ``schema`` the rows before it (1 in the first
+    column) are :data:`SCHEMA_COLUMNS`' for ``%(tables)s``. Each part reads what its own
+    statement reads, in columns of its own (no type is mixed)."""
+    isolation = "tx_isolation" if mariadb else "transaction_isolation"
+    session = ("SELECT 0, @@SESSION.autocommit, @@SESSION." + isolation + ","
+               " @@SESSION.max_allowed_packet, VERSION(), "
+               + ("UTC_TIMESTAMP(6), TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6))"
+                  if clock else "NULL, NULL"))
+    if not schema:
+        return Statement(session)
+    return Statement(
+        "SELECT 1, NULL, NULL, NULL, NULL, NULL, NULL,"
+        " table_name, column_name, column_type, collation_name"
+        " FROM information_schema.columns WHERE table_schema = DATABASE()"
+        " AND table_name IN %(tables)s"
+        " UNION ALL " + session + ", NULL, NULL, NULL, NULL")
+
+
 #: Whether a table exists though information_schema shows none of its columns; one per table
 #: the library makes (a name is never a parameter).
 TABLE_PROBES = {

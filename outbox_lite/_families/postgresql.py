@@ -25,7 +25,8 @@ import peewee as pw
 
 from ..errors import DuplicateEventError, InvalidEventError, LockConflictError
 from . import postgresql_sql as sql
-from .contract import Column, Family, LockCounters
+from .contract import Column, Family, LockCounters, SessionAnswer
+from .contract import clock_middle as _middle
 from .url import DatabaseUrl, DatabaseUrlError, text_option
 
 # ---------------------------------------------------------------------------
@@ -358,13 +359,21 @@ class PostgreSQLFamily(Family):
     # -- sessions -----------------------------------------------------------------------
 
     @staticmethod
-    def ask_session(database: pw.Database, conn: Any) -> tuple[bool, str, Server]:
-        """(autocommit, isolation level, the server) of a connection: one round trip.
-        PostgreSQL has no autocommit on the server (Peewee's connections are autocommit on
-        the driver's side). Raises ValueError for a database or connection whose encoding is
-        not UTF8: SQL_ASCII would hand text back as bytes, LATIN1 refuse most characters."""
-        isolation, version, server_encoding, client_encoding = database.execute_sql(
-            sql.SESSION).fetchone()
+    def ask_session(database: pw.Database, conn: Any, *, clock: bool = False,
+                    tables: Sequence[str] | None = None) -> SessionAnswer:
+        """(autocommit, isolation level, the server) of a connection, and with ``clock`` the
+        server's clock, with ``tables`` their columns: one round trip
+        (:func:`.postgresql_sql.session_question`). PostgreSQL has no autocommit on the
+        server (Peewee's connections are autocommit on the driver's side). Raises ValueError
+        for a database or connection whose encoding is not UTF8: SQL_ASCII would hand text
+        back as bytes, LATIN1 refuse most characters."""
+        question = sql.session_question(clock, tables is not None)
+        before = time.monotonic()
+        rows = database.execute_sql(*question.bind(
+            {"tables": list(tables or ())})).fetchall()
+        after = time.monotonic()
+        first = next(row for row in rows if row[0] == 0)
+        _kind, isolation, version, server_encoding, client_encoding, now, spent = first[:7]
         database_encoding = _encoding_name(server_encoding)
         if not _is_utf8(database_encoding):
             raise ValueError(
@@ -378,7 +387,10 @@ class PostgreSQLFamily(Family):
                 "not be stored and read back as they are (the database is UTF8; connect with "
                 "client_encoding UTF8: the driver's client_encoding option, PGCLIENTENCODING, "
                 "or the role's or database's client_encoding setting)")
-        return True, str(isolation), Server(str(version))
+        columns = None if tables is None else [tuple(row[7:11]) for row in rows if row[0] == 1]
+        return SessionAnswer(True, str(isolation), Server(str(version)),
+                             now if clock else None, _middle(before, after, spent) if clock else None,
+                             columns)
 
     @staticmethod
     def session_id(conn: Any) -> Any:

@@ -315,6 +315,33 @@ SCHEMA_COLUMNS = Statement(
     " LEFT JOIN pg_catalog.pg_collation AS co ON co.oid = a.attcollation"
     " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p')"
     " AND c.relname = ANY(%(tables)s) AND a.attnum > 0 AND NOT a.attisdropped")
+
+
+@functools.lru_cache(maxsize=4)
+def session_question(clock: bool, schema: bool) -> Statement:
+    """Everything a new connection is asked, in one statement (``outbox_lite._session``).
+    The session's row (0 in the first column, the last row) says what :data:`SESSION` says
+    and, with ``clock``, the server's clock at the statement's start (as naive UTC) and the
+    microseconds the server has spent on the statement when it writes that row (so the clock
+    knows how much of the round trip was not the network's); with ``schema`` the rows before
+    it (1 in the first column) are :data:`SCHEMA_COLUMNS`' for ``%(tables)s``. Each part
+    reads what its own statement reads, in columns of its own."""
+    session = ("SELECT 0, current_setting('default_transaction_isolation'),"
+               " current_setting('server_version'), current_setting('server_encoding'),"
+               " current_setting('client_encoding'), "
+               + ("statement_timestamp() AT TIME ZONE 'UTC', (extract(epoch FROM"
+                  " clock_timestamp() - statement_timestamp()) * 1000000)::bigint"
+                  if clock else "NULL::timestamp, NULL::bigint"))
+    if not schema:
+        return Statement(session)
+    columns = SCHEMA_COLUMNS.named.replace(
+        "SELECT c.relname, a.attname,",
+        "SELECT 1, NULL, NULL, NULL, NULL, NULL::timestamp, NULL::bigint, c.relname::text,"
+        " a.attname::text,", 1).replace("co.collname", "co.collname::text", 1)
+    return Statement(columns + " UNION ALL " + session
+                     + ", NULL::text, NULL::text, NULL::text, NULL::text")
+
+
 #: Whether a table exists and whether the user may read it: answered without an error (an
 #: error would abort the caller's transaction).
 TABLE_STATE = Statement(

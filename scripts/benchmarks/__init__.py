@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "metrics": ("metrics", "what Prometheus metrics cost a relay"),
     "migration": ("migration", "migration 006 on a large table under writes"),
     "clock": ("clock", "the server clock's cost"),
+    "write-locks": ("write_locks", "what each one-round-trip keyed write locks at REPEATABLE READ"),
     "trace-write": ("trace_write", "the write with tracing on and off"),
     "pg": ("presets", "preset: protocol's PostgreSQL measures (issue 22)"),
     "drain": ("presets", "preset: relay's drain on MariaDB, MySQL and PostgreSQL"),
