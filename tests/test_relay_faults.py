@@ -230,10 +230,17 @@ def test_a_stop_gives_up_on_someone_elses_lock_at_the_claims_expiry(db, db_url, 
 # ---------------------------------------------------------------------------
 
 class _Slow:
-    """Publishes nothing anywhere, slowly enough for the heartbeat to renew the claims."""
+    """Publishes nothing anywhere, and returns only once the heartbeat has renewed the claims
+    (``renewed()``; at most 10 s), however loaded the machine: the renewal's connection is
+    what the test is about."""
+
+    def __init__(self, renewed):
+        self.renewed = renewed
 
     def publish(self, events):
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while not self.renewed() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return {}
 
     def close(self):
@@ -248,8 +255,8 @@ def test_relays_never_closed_return_their_pooled_connections(db, db_url, fetch, 
     relays = []
     try:
         for n in range(6):  # twice the pool's size, one after another, none closed
-            relay = Relay(repo, _Slow(), batch_size=2, lock_timeout=0.3, heartbeat=0.05,
-                          progress_every=0)
+            relay = Relay(repo, _Slow(lambda: relay.stats.renewals >= 1), batch_size=2,
+                          lock_timeout=0.3, heartbeat=0.05, progress_every=0)
             relay.run_once()
             relays.append(relay)
             assert relay.stats.renewals >= 1
