@@ -2,7 +2,8 @@
 procrastinate, the PostgreSQL job queue, measured the same way with the same number of
 processes.
 
-* ``writes``: ``--processes`` writer processes, ``--writes`` each: a business row
+* ``writes``: ``--processes`` writer processes, ``--writes`` each (after one write rolled
+  back, which must leave neither row nor event, and 3 to warm up): a business row
   (``INSERT INTO job … RETURNING id``) and its event in one transaction. outbox_lite:
   ``create_in_transaction`` inside ``db.atomic()`` (Peewee on psycopg 3); procrastinate:
   ``task.configure(connection=conn).defer(…)`` on the caller's psycopg 3 connection inside
@@ -14,7 +15,8 @@ processes.
   (``run_worker_async(wait=False)``, concurrency 1) running a no-op ``async`` task.
 
 Every process connects and warms up first, then all start together; a side's rate is its
-operations over the time from that start to the last process's end (start-up not counted).
+operations over the time from that start to the last process's end (imports and connections
+not counted; a relay's or a worker's own start, e.g. registering a worker, is).
 Each side ends checked by SQL: every business row has its event (outbox_event rows, or
 procrastinate_jobs 'todo'), and after a drain every event is 'published' / every job
 'succeeded'. The sides take turns (A B, B A, …) for ``--rounds`` rounds; printed: each side's
@@ -77,6 +79,10 @@ def _done(start: float, count: int) -> None:
     print(json.dumps({"start": start, "end": time.monotonic(), "count": count}), flush=True)
 
 
+class _RolledBack(Exception):
+    pass
+
+
 class AcceptAll:
     """A publisher that accepts every event, no network call: the relay's own work is all."""
 
@@ -106,6 +112,15 @@ def _library_write(database_url: str, writes: int, worker: str) -> None:
                                        payload={**PAYLOAD, "job_id": job_id},
                                        dedupe_key=f"job.created:{worker}-{n}")
 
+    try:  # one write rolled back: the final counts show the event went with the row
+        with db.atomic():
+            db.execute_sql("INSERT INTO job (name) VALUES (%s)", (f"{worker}-rolled-back",))
+            repo.create_in_transaction(event_type="job.created", aggregate_type="job",
+                                       aggregate_id="0", payload=PAYLOAD,
+                                       dedupe_key=f"job.created:{worker}-rolled-back")
+            raise _RolledBack
+    except _RolledBack:
+        pass
     for n in range(WARM):
         write(n)
     start = _ready_then_go()
@@ -174,6 +189,10 @@ def _procrastinate_write(conninfo: str, writes: int, worker: str) -> None:
                                   (f"{worker}-{n}",)).fetchone()[0]  # type: ignore[index]
             task.configure(connection=conn).defer(**{**PAYLOAD, "job_id": job_id})
 
+    with conn.transaction():  # one rolled back: the final counts show the job went with it
+        conn.execute("INSERT INTO job (name) VALUES (%s)", (f"{worker}-rolled-back",))
+        task.configure(connection=conn).defer(**{**PAYLOAD, "job_id": 0})
+        raise psycopg.Rollback()
     for n in range(WARM):
         write(n)
     start = _ready_then_go()
