@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "claim-cpu": ("claim_cpu", "client CPU per claim of 50, step by step"),
     "brokers": ("brokers", "the relay to RabbitMQ and NATS JetStream beside BullMQ"),
     "celery": ("celery", "the relay to Celery on Redis beside BullMQ"),
+    "fairness": ("fairness", "one relay process for two databases: a backlog's delay on the other"),
     "peers": ("peers", "writes and drains beside procrastinate on the same PostgreSQL"),
     "bullmq": ("bullmq_publisher", "the BullMQ publisher against addBulk alone"),
     "inbox": ("inbox", "the inbox's cost per message"),
