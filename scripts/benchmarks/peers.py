@@ -22,7 +22,8 @@ the same number of processes.
   transaction per message marked published), a catch-all publisher returning
   ``PublishOutcome.published()``; faststream-outbox: its subscriber processing the rows in
   place (no downstream broker), a no-op handler, ``max_workers=1``,
-  ``fetch_batch_size=--batch``, each handled row DELETEd; it has no "until empty", so each
+  ``fetch_batch_size=--batch``, each handled row DELETEd (one by one, or buffered up to
+  ``--faststream-flush``, its ``terminal_flush_batch_size``); it has no "until empty", so each
   process stops once ``SELECT EXISTS (SELECT 1 FROM outbox)`` (polled every 50 ms) is false.
 
 Every process connects and warms up first, then all start together; a side's rate is its
@@ -49,7 +50,8 @@ after.
 
 Usage: python scripts/bench.py peers [--database-url URL] [--peers-python PATH]
        [--pactix-python PATH] [--peer procrastinate|pactix|faststream_outbox …]
-       [--processes 1 --processes 4] [--writes 1000] [--events 20000] [--batch 100]
+       [--faststream-flush 1] [--processes 1 --processes 4] [--writes 1000]
+       [--events 20000] [--batch 100]
        [--rounds 3] [--only writes|drain] [--json]
 """
 
@@ -443,10 +445,11 @@ def _faststream_seed(url: str, events: int) -> None:
     asyncio.run(main())
 
 
-def _faststream_drain(url: str, batch: int, worker: str) -> None:
+def _faststream_drain(url: str, batch: int, worker: str, flush: int = 1) -> None:
     """faststream-outbox's own subscriber processing the rows in place (its "standalone
-    outbox queue": no downstream broker), a no-op handler, ``max_workers=1`` and
-    ``fetch_batch_size=batch``; a handled row is DELETEd. The subscriber has no "until
+    outbox queue": no downstream broker), a no-op handler, ``max_workers=1``,
+    ``fetch_batch_size=batch`` and ``terminal_flush_batch_size=flush`` (its default 1: each
+    handled row DELETEd on its own; more buffers the DELETEs). The subscriber has no "until
     empty": the process stops its broker once ``SELECT EXISTS (SELECT 1 FROM outbox)`` (every
     50 ms on a connection of its own) says the table is empty."""
     import asyncio
@@ -456,7 +459,8 @@ def _faststream_drain(url: str, batch: int, worker: str) -> None:
     broker, _, engine = _faststream_parts(url, pool=4)
     handled = 0
 
-    @broker.subscriber(QUEUE, max_workers=1, fetch_batch_size=batch)
+    @broker.subscriber(QUEUE, max_workers=1, fetch_batch_size=batch,
+                       terminal_flush_batch_size=flush)
     async def job_created(body: dict[str, Any]) -> None:
         nonlocal handled
         handled += 1
@@ -596,9 +600,9 @@ PEER_SQL: dict[str, dict[str, Any]] = {
 
 class Peers:
     def __init__(self, library_url: Any, peer_urls: dict[str, Any], pythons: dict[str, str],
-                 *, batch: int) -> None:
-        self.library_url, self.peer_urls, self.pythons, self.batch = (
-            library_url, peer_urls, pythons, batch)
+                 *, batch: int, flush: int = 1) -> None:
+        self.library_url, self.peer_urls, self.pythons, self.batch, self.flush = (
+            library_url, peer_urls, pythons, batch, flush)
         password = next(iter(peer_urls.values())).password if peer_urls else None
         self.env = {**os.environ, "PYTHONPATH": str(ROOT),
                     **({"PGPASSWORD": password} if password else {})}
@@ -730,7 +734,8 @@ class Peers:
                 " COUNT(*) FILTER (WHERE status <> 'published') FROM outbox_event")
         else:
             args = [] if side == "procrastinate" else [str(self.batch)]
-            seconds = self.together([self._peer(side, "drain", *args, f"worker-{i}")
+            flush = [str(self.flush)] if side == "faststream_outbox" else []
+            seconds = self.together([self._peer(side, "drain", *args, f"worker-{i}", *flush)
                                      for i in range(processes)])
             [(done, left)] = self.sql(self.peer_urls[side], PEER_SQL[side]["drained"])
             if done == -1:  # rows deleted once handled: the handlers' own count
@@ -813,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
                              " missing)")
     parser.add_argument("--peer", choices=PEERS, action="append",
                         help="measure this peer beside outbox_lite (default: all three)")
+    parser.add_argument("--faststream-flush", type=int, default=1, metavar="N",
+                        help="faststream-outbox's terminal_flush_batch_size: DELETEs of handled"
+                             " rows buffered up to N (default: 1, its own default)")
     parser.add_argument("--processes", type=int, action="append",
                         help="writer and worker processes per side, each given in turn"
                              " (default: 1 and 4)")
@@ -836,6 +844,7 @@ def main(argv: list[str] | None = None) -> int:
     sides = ("outbox_lite", *chosen)
     report: dict[str, Any] = {
         "server": server_name(base), "rounds": args.rounds, "batch": args.batch,
+        "faststream_flush": args.faststream_flush,
         "sides": list(sides),
         "versions": {"library": library_versions(),
                      **{p: peer_versions(pythons[p], p) for p in chosen}},
@@ -845,7 +854,8 @@ def main(argv: list[str] | None = None) -> int:
                           "CREATE TABLE job (id BIGSERIAL PRIMARY KEY,"
                           " name VARCHAR(64) NOT NULL)") as library_url:
         try:
-            peers = Peers(library_url, peer_urls, pythons, batch=args.batch)
+            peers = Peers(library_url, peer_urls, pythons, batch=args.batch,
+                          flush=args.faststream_flush)
             for p, url in peer_urls.items():
                 url.drop_database()
                 url.create_database()
