@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from outbox_lite import OutboxRepository
-from outbox_lite import migrate as schema
 from outbox_lite._families.url import DatabaseUrl
 from outbox_lite.relay import Relay
 
@@ -32,6 +31,8 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 GALERA = CHECKOUT / "scripts" / "galera.sh"
 sys.path.insert(0, str(CHECKOUT / "scripts"))
 from galera_publisher import Recorder  # noqa: E402 - the harness's publisher, from scripts/
+
+from _cluster import seed_outbox  # noqa: E402
 
 EVENTS = 6000
 LOCK_TIMEOUT = 20.0
@@ -72,17 +73,7 @@ def test_a_node_killed_mid_drain_loses_and_doubles_nothing(galera_urls: list[str
     nodes = [DatabaseUrl.parse(url) for url in galera_urls]
     addresses = [(node.host, node.port) for node in nodes]
     first = nodes[0].with_name(DATABASE)
-    first.drop_database()
-    first.create_database()
-    setup = first.database()
-    schema.migrate(setup)
-    repo = OutboxRepository(setup)
-    for start in range(0, EVENTS, 500):
-        with setup.atomic():
-            for n in range(start, start + 500):
-                repo.create_in_transaction(event_type="job.created", aggregate_type="job",
-                                           aggregate_id=str(n), payload={"n": n})
-    setup.close()
+    seed_outbox(first, EVENTS).close()
 
     key = f"outbox_galera:kill-{uuid.uuid4().hex[:8]}"
     store = redis.Redis.from_url("redis://127.0.0.1:6379/0")

@@ -16,6 +16,8 @@ from outbox_lite import migrate as schema
 from outbox_lite._families.url import DatabaseUrl
 from outbox_lite.relay import Relay
 
+from _cluster import running
+
 DATABASE = "outbox_galera_ordered"
 AGGREGATES = 20
 PER_AGGREGATE = 30
@@ -54,30 +56,14 @@ def test_ordered_relays_on_every_node_keep_each_aggregates_order(galera_urls: li
                     batch_size=10, ordered=True, lock_timeout=60, progress_every=0,
                     idle_pause=0.02, max_idle_pause=0.1)
               for i, node in enumerate(nodes)]
-    stop = threading.Event()
-    failures: list[BaseException] = []
-
-    def run(relay: Relay) -> None:
-        try:
-            relay.run(stop)
-        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
-            failures.append(exc)
-
-    threads = [threading.Thread(target=run, args=(relay,), daemon=True) for relay in relays]
     started = time.monotonic()
-    for thread in threads:
-        thread.start()
     total = AGGREGATES * PER_AGGREGATE
-    try:
+    with running(relays) as (_, failures):
         while time.monotonic() < started + 120:
             if setup.execute_sql("SELECT COUNT(*) FROM outbox_event WHERE status ="
                                  " 'published'").fetchone()[0] == total:
                 break
             time.sleep(0.1)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(60)
     seconds = time.monotonic() - started
     ids = [event_id for _, event_id in broker.arrived]
     per_aggregate: dict[str, list[int]] = {}

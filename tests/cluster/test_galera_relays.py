@@ -11,40 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+from _cluster import assert_each_event_once, run_case
+
 EVENTS = 2000  # seeded before the relay starts
 WRITER_EVENTS = 3000  # written on nodes 2 and 3 while it runs
 
 
 def test_one_relay_on_node_1_outlives_writers_on_nodes_2_and_3(
         galera_urls: list[str], harness: ModuleType, tmp_path: Path) -> None:
-    args = harness.parser().parse_args([
-        "--case", "3", "--events", str(EVENTS), "--writer-events", str(WRITER_EVENTS),
-        "--deadline", "60", "--database", "outbox_galera_test", "--urls", " ".join(galera_urls),
-        "--logs", str(tmp_path)])
-    urls = harness.node_urls(args)
-    harness.prepare(urls, args.database)
-    try:
-        row = harness.run_case(3, 1, urls, args, tmp_path)
-    finally:
-        server = harness.connect(urls[0], "mysql")
-        server.connect()
-        server.execute_sql(f"DROP DATABASE IF EXISTS `{args.database}`")
-        server.close()
-    print(harness.markdown([row]))
-    written = row["events_written"]
-    assert written == EVENTS + WRITER_EVENTS, row["seed"] | row["writers"]
-    assert {
-        "relays dead": [d["last_line"] for d in row["dead"]],
-        "events left": row["left"],
-        "published twice": row["published_twice"],
-        "recorded published": row["published_db"],
-        "published at the publisher": row["published_at_publisher"],
-        "recorded but never published": row["recorded_never_published"],
-    } == {
-        "relays dead": [],
-        "events left": 0,
-        "published twice": 0,
-        "recorded published": written,
-        "published at the publisher": written,
-        "recorded but never published": 0,
-    }
+    row = run_case(harness, 3, galera_urls, "outbox_galera_test", tmp_path, events=EVENTS,
+                   writer_events=WRITER_EVENTS)
+    assert_each_event_once(row, EVENTS + WRITER_EVENTS)

@@ -29,7 +29,6 @@ from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 from outbox_lite import OutboxRepository
-from outbox_lite import migrate as schema
 from outbox_lite._families.url import DatabaseUrl
 from outbox_lite.relay import Relay
 
@@ -38,6 +37,8 @@ SCRIPTS = CHECKOUT / "scripts"
 GROUP_REPLICATION = SCRIPTS / "group-replication.sh"
 sys.path.insert(0, str(SCRIPTS))
 from galera_publisher import Recorder  # noqa: E402 - the harness's publisher, from scripts/
+
+from _cluster import assert_each_event_once, run_case, seed_outbox  # noqa: E402
 
 
 def _group(*args: str) -> float:
@@ -72,37 +73,9 @@ WRITER_EVENTS = 2000  # written on every member while they run
 def test_multi_primary_relays_and_writers_on_every_member(
         group_replication_urls: list[str], harness: ModuleType, tmp_path: Path) -> None:
     _group("mode", "multi")
-    args = harness.parser().parse_args([
-        "--case", "2", "--events", str(EVENTS), "--writer-events", str(WRITER_EVENTS),
-        "--deadline", "60", "--database", "outbox_gr_test",
-        "--urls", " ".join(group_replication_urls), "--logs", str(tmp_path)])
-    urls = harness.node_urls(args)
-    harness.prepare(urls, args.database)
-    try:
-        row = harness.run_case(2, 1, urls, args, tmp_path)
-    finally:
-        server = harness.connect(urls[0], "mysql")
-        server.connect()
-        server.execute_sql(f"DROP DATABASE IF EXISTS `{args.database}`")
-        server.close()
-    print(harness.markdown([row]))
-    written = row["events_written"]
-    assert written == EVENTS + WRITER_EVENTS, row["seed"] | row["writers"]
-    assert {
-        "relays dead": [d["last_line"] for d in row["dead"]],
-        "events left": row["left"],
-        "published twice": row["published_twice"],
-        "recorded published": row["published_db"],
-        "published at the publisher": row["published_at_publisher"],
-        "recorded but never published": row["recorded_never_published"],
-    } == {
-        "relays dead": [],
-        "events left": 0,
-        "published twice": 0,
-        "recorded published": written,
-        "published at the publisher": written,
-        "recorded but never published": 0,
-    }
+    row = run_case(harness, 2, group_replication_urls, "outbox_gr_test", tmp_path,
+                   events=EVENTS, writer_events=WRITER_EVENTS)
+    assert_each_event_once(row, EVENTS + WRITER_EVENTS)
     # Relays on three primaries claim the same rows: the group refuses some COMMITs, and the
     # relays count what they survived (outbox_relay_conflicts_total).
     assert row["relay_lock_conflicts"] > 0, row
@@ -153,17 +126,7 @@ def test_single_primary_failover_mid_drain(group_replication_urls: list[str],
     members = [DatabaseUrl.parse(url) for url in group_replication_urls]
     primary = members[0].with_name(KILL_DATABASE)
     assert _members(primary)[primary.port] == ("ONLINE", "PRIMARY")
-    primary.drop_database()
-    primary.create_database()
-    setup = primary.database()
-    schema.migrate(setup)
-    repo = OutboxRepository(setup)
-    for start in range(0, KILL_EVENTS, 500):
-        with setup.atomic():
-            for n in range(start, start + 500):
-                repo.create_in_transaction(event_type="job.created", aggregate_type="job",
-                                           aggregate_id=str(n), payload={"n": n})
-    setup.close()
+    seed_outbox(primary, KILL_EVENTS).close()
 
     every = ",".join(f"{m.host}:{m.port}" for m in members)
     url = DatabaseUrl.parse(f"mysql://root@{every}/{KILL_DATABASE}")
