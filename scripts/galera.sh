@@ -95,7 +95,9 @@ base_port() {
     fi
     local base ports i
     for _ in $(seq 1 50); do
-        base=$(( 20000 + RANDOM % 400 * 100 ))
+        # below 32768, where Linux's ephemeral ports begin (ip_local_port_range): a client's
+        # own end of a connection never takes a node's port between two starts
+        base=$(( 20000 + RANDOM % 120 * 100 ))
         ports=()
         for i in $(seq 0 $(( 10 * 9 + 3 ))); do ports+=($(( base + i ))); done
         if free_port "${ports[@]}"; then
@@ -268,6 +270,15 @@ start() {
         return
     fi
     t0=$(date +%s.%N)
+    if [ ${#up[@]} = 0 ] && [ -z "${OUTBOX_GALERA_BASE_PORT:-}" ] && [ -f "$ROOT/base-port" ]; then
+        local kept ports=()
+        kept="$(cat "$ROOT/base-port")"
+        for i in $(seq 0 $(( 10 * 9 + 3 ))); do ports+=($(( kept + i ))); done
+        # no node runs: the kept ports must be free, else another range (each my.cnf is
+        # written anew at every start)
+        free_port "${ports[@]}" || { say "ports from $kept are taken: another range"; \
+                                     rm -f "$ROOT/base-port"; }
+    fi
     base_port >/dev/null
     echo "$n" >"$ROOT/nodes"
     [ -d "$(node_dir 1)/data/mysql" ] || fresh=1

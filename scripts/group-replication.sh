@@ -40,7 +40,7 @@ fail() { say "$*"; exit 1; }
 free_base() {
     python3 - <<'PY'
 import socket
-for base in range(32000, 40000, 100):
+for base in range(22000, 32000, 100):  # below Linux's ephemeral ports (32768 on)
     ports = [base + 10 * i + j for i in range(5) for j in range(2)]
     try:
         socks = []
