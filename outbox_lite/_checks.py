@@ -80,14 +80,26 @@ def positive_int(field: str, value: Any, maximum: int | None = None) -> int:
     return value
 
 
+MAX_EVENT_ID = 2 ** 63 - 1
+
+
 def event_id(value: Any) -> int:
-    return positive_int("event_id", value, 2 ** 63 - 1)
+    return positive_int("event_id", value, MAX_EVENT_ID)
 
 
 def event_ids(value: Any) -> list[int]:
+    """The distinct ids of ``value``, sorted, each checked as :func:`event_id` checks it.
+    Ids that are all ints (a relay's batch) are checked as a whole: their types in one set,
+    their range by the smallest and the largest; any other id gets ``event_id``'s check and
+    its error."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise InvalidEventError("event_ids must be an iterable of ints or None")
-    return sorted({event_id(v) for v in value})
+    values = list(value)
+    if set(map(type, values)) == {int}:
+        ids = sorted(set(values))
+        if ids[0] >= 1 and ids[-1] <= MAX_EVENT_ID:
+            return ids
+    return sorted({event_id(v) for v in values})
 
 
 def duration(field: str, value: Any) -> dt.timedelta:

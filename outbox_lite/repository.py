@@ -52,6 +52,7 @@ Clock = Callable[[], dt.datetime]
 _CHUNK = 500  # ids per IN (…) list
 _AVAILABLE_AT = operator.itemgetter(COLUMNS.index("available_at"))
 _PENDING, _PROCESSING = OutboxStatus.PENDING.value, OutboxStatus.PROCESSING.value
+_UTC = dt.timezone.utc
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,53 @@ def _decode_headers(text: Any) -> dict[str, str]:
     return json.loads(text) if isinstance(text, str) else dict(text)
 
 
+def _make_reader(model: type[OutboxEvent], names: Sequence[str], instants: Sequence[str],
+                 changed: Sequence[str], counted: bool) -> Callable[..., OutboxEvent]:
+    """``read(row, changes)``: the event of a row of :data:`COLUMNS` (fields ``names``),
+    read as Peewee's own readers would, with ``changes`` (whose keys are ``changed``)
+    applied: ``instants`` (those not changed) as aware UTC, the payload decoded (raises
+    _Unreadable), the headers as a dict, and ``attempt_count`` one more when ``counted``.
+
+    A claim builds many events, and each call per field or per event shows: the reader is
+    one function written for these columns, one dict display (built at its size) and no
+    call but the decoders'. The instance gets the state Peewee's row readers leave behind
+    (``__data__``, nothing dirty; ``__rel__`` caches foreign keys: OutboxEvent has none,
+    and the class default serves), without its constructor's call per field.
+    """
+    unknown = set(changed) - set(names)
+    assert not unknown, f"changes to no column: {sorted(unknown)}"
+    items = []
+    for index, name in enumerate(names):
+        if name in changed:
+            value = f"changes[{name!r}]"
+        elif name == "payload":
+            value = f"decode_payload(row[{index}])"
+        elif name == "headers":
+            value = f"({{}} if (v := row[{index}]) is None else decode_headers(v))"
+        elif name in instants:
+            value = (f"(v if (v := row[{index}]) is None or v.tzinfo is not None"
+                     " else combine(v.date(), v.time(), utc))")
+        elif name == "attempt_count" and counted:
+            value = f"row[{index}] + 1"
+        else:
+            value = f"row[{index}]"
+        items.append(f"        {name!r}: {value},")
+    source = "\n".join([
+        "def read(row, changes):",
+        "    event = new(model)",
+        "    event.__data__ = {",
+        *items,
+        "    }",
+        "    event._dirty = set()",
+        "    return event"])
+    scope: dict[str, Any] = {"new": model.__new__, "model": model, "utc": _UTC,
+                             "combine": dt.datetime.combine,
+                             "decode_payload": _decode_payload,
+                             "decode_headers": _decode_headers}
+    exec(compile(source, f"<outbox_lite row reader {model.__name__}>", "exec"), scope)
+    return scope["read"]  # type: ignore[no-any-return]
+
+
 class OutboxRepository:
     """The outbox on one Peewee ``database`` (the object the caller opens ``atomic()`` on).
 
@@ -182,6 +230,7 @@ class OutboxRepository:
         fields = self.model._meta.sorted_fields
         self._names = [f.name for f in fields]
         self._instants = [f.name for f in fields if isinstance(f, UTCDateTimeField)]
+        self._readers: dict[tuple[tuple[str, ...], bool], Callable[..., OutboxEvent]] = {}
         self._schema_checked = False
 
     # -- plumbing -----------------------------------------------------------------------
@@ -218,21 +267,14 @@ class OutboxRepository:
             self._schema_checked = True
             self._now = self._read_now  # type: ignore[method-assign]  # checked: read directly
 
-    def _event(self, row: Sequence[Any], changes: dict[str, Any] | None,
-               instants: Sequence[str]) -> OutboxEvent:
-        """An event from a row of :data:`COLUMNS` (with ``changes`` applied), read as
-        Peewee's own readers would: ``instants`` (those ``changes`` does not set) as aware
-        UTC, the payload decoded. No call per field: a claim builds many."""
-        data = dict(zip(self._names, row))
-        if changes:
-            data.update(changes)
-        for name in instants:
-            value = data[name]
-            if value is not None and value.tzinfo is None:
-                data[name] = aware(value)
-        data["payload"] = _decode_payload(data["payload"])
-        data["headers"] = _decode_headers(data["headers"])
-        return self._instance(data)
+    def _reader(self, changed: tuple[str, ...], counted: bool) -> Callable[..., OutboxEvent]:
+        """The reader of rows of :data:`COLUMNS` into events (made once per ``changed`` and
+        ``counted``, see :func:`_make_reader`)."""
+        reader = self._readers.get((changed, counted))
+        if reader is None:
+            reader = self._readers[changed, counted] = _make_reader(
+                self.model, self._names, self._instants, changed, counted)
+        return reader
 
     def _instance(self, data: dict[str, Any]) -> OutboxEvent:
         """A model instance over ``data`` (field name -> Python value), nothing dirty.
@@ -247,16 +289,18 @@ class OutboxRepository:
         return event
 
     def _events(self, rows: Sequence[Sequence[Any]], changes: dict[str, Any] | None,
-                dead_letter: Statement, **values: Any) -> list[OutboxEvent]:
-        """The events of ``rows`` whose payload reads as JSON. Each other row becomes its own
+                dead_letter: Statement, *, counted: bool = False,
+                **values: Any) -> list[OutboxEvent]:
+        """The events of ``rows`` whose payload reads as JSON, with ``changes`` applied (and
+        one more attempt counted when ``counted``: a claim's). Each other row becomes its own
         dead letter through ``dead_letter`` (a compare-and-set UPDATE run with ``values``
         and the row's id, code and message), logged as a warning: a row nobody can read
         never stops the rows behind it."""
         events = []
-        instants = [name for name in self._instants if name not in (changes or ())]
+        read = self._reader(tuple(changes or ()), counted)
         for row in rows:
             try:
-                events.append(self._event(row, changes, instants))
+                events.append(read(row, changes))
             except _Unreadable as unreadable:
                 code, message = unreadable.args
                 changed = self._run(dead_letter, id=row[0], code=code, message=message,
@@ -441,11 +485,8 @@ class OutboxRepository:
         aware_now = aware(now)
         changes = {"status": _PROCESSING, "locked_by": locked_by, "locked_at": aware_now,
                    "updated_at": aware_now}
-        events = self._events(claimed, changes, self._sql.FAILED_FOR_GOOD, now=now,
-                              locked_by=locked_by)
-        for event in events:
-            event.__data__["attempt_count"] += 1
-        return events
+        return self._events(claimed, changes, self._sql.FAILED_FOR_GOOD, counted=True,
+                            now=now, locked_by=locked_by)
 
     def _pages(self, pages: Any, size: int, *, caller_changes_rows: bool = False,
                **values: Any) -> Iterator[list[int]]:

@@ -390,10 +390,13 @@ class Relay(Recording, Publishing, Interruption):
         if batch:
             failures, publish_seconds = self._publish(batch, result)
             self.stats.publish_seconds += publish_seconds
-            outcomes = Outcomes(
-                ok=[e for e in batch if e.id not in failures],
-                failed=[(e, failures[e.id]) for e in batch if e.id in failures],
-                give_up_at=claimed_since + self.lock_timeout)
+            if failures:
+                ok = [e for e in batch if e.id not in failures]
+                failed = [(e, failures[e.id]) for e in batch if e.id in failures]
+            else:  # the usual batch: no event read twice for its id
+                ok, failed = list(batch), []
+            outcomes = Outcomes(ok=ok, failed=failed,
+                                give_up_at=claimed_since + self.lock_timeout)
         self.stats.rounds += 1
         self._count(result)
         if self.metrics is not None:

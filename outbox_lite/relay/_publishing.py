@@ -41,14 +41,16 @@ class Publishing:
         repository's clock, as last read: no statement here) is not handed to the publisher:
         its failure is an :class:`EventExpiredError`."""
         expired: dict[int, BaseException] = {}
-        if any(event.expires_at is not None for event in batch):
+        expiring = [event for event in batch if event.expires_at is not None]
+        if expiring:
             now = self._recorded_at()
-            expired = {event.id: EventExpiredError(event.expires_at) for event in batch
-                       if event.expires_at is not None and event.expires_at <= now}
+            expired = {event.id: EventExpiredError(event.expires_at) for event in expiring
+                       if event.expires_at <= now}
             batch = [event for event in batch if event.id not in expired]
             if not batch:
                 return expired, 0.0
-        self._heartbeat.hold([e.id for e in batch])
+        held = [event.id for event in batch]  # each event's id read once
+        self._heartbeat.hold(held)
         started = time.monotonic()
         try:
             failures = {**self._publish_traced(batch), **expired}
@@ -60,7 +62,7 @@ class Publishing:
         finally:
             self._heartbeat.release()
         seconds = time.monotonic() - started
-        ids = {event.id for event in batch} | expired.keys()
+        ids = set(held) | expired.keys()
         unknown = failures.keys() - ids
         if unknown:
             logger.warning("relay %s: the publisher reported %d failures for events not in"
