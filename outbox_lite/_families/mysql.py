@@ -252,7 +252,7 @@ class MySQLFamily(Family):
         1105 over wsrep_max_ws_size, Group Replication's 3100 at COMMIT over
         group_replication_transaction_size_limit), else None."""
         errno = errno_of(exc)
-        args = getattr(getattr(exc, "orig", exc), "args", ())
+        args: tuple[Any, ...] = getattr(getattr(exc, "orig", exc), "args", ())
         message = str(args[1]) if len(args) > 1 else str(exc)
         if errno not in _TOO_LARGE or _TOO_LARGE[errno] not in message.lower():
             return None
