@@ -140,9 +140,11 @@ def _stop(process) -> str:
 
 
 def _runs(path: Path) -> list[dict]:
+    """The task runs the worker has written whole: a line the worker is still writing (no
+    newline yet: a read may meet a write half done) is left for the next look."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n")[:-1]]
 
 
 # ---------------------------------------------------------------------------
