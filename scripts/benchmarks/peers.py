@@ -64,7 +64,6 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -104,6 +103,26 @@ def _ready_then_go() -> float:
 
 def _done(start: float, count: int) -> None:
     print(json.dumps({"start": start, "end": time.monotonic(), "count": count}), flush=True)
+
+
+def _timed_writes(write: Callable[[int], Any], writes: int) -> None:
+    """Warm with WARM writes, wait for the go, then time ``writes`` more (each side's loop)."""
+    for n in range(WARM):
+        write(n)
+    start = _ready_then_go()
+    for n in range(WARM, WARM + writes):
+        write(n)
+    _done(start, writes)
+
+
+async def _timed_writes_async(write: Callable[[int], Any], writes: int) -> None:
+    """:func:`_timed_writes` for a side whose ``write(n)`` is a coroutine."""
+    for n in range(WARM):
+        await write(n)
+    start = _ready_then_go()
+    for n in range(WARM, WARM + writes):
+        await write(n)
+    _done(start, writes)
 
 
 class _RolledBack(Exception):
@@ -148,12 +167,7 @@ def _library_write(database_url: str, writes: int, worker: str) -> None:
             raise _RolledBack
     except _RolledBack:
         pass
-    for n in range(WARM):
-        write(n)
-    start = _ready_then_go()
-    for n in range(WARM, WARM + writes):
-        write(n)
-    _done(start, writes)
+    _timed_writes(write, writes)
     db.close()
 
 
@@ -220,12 +234,7 @@ def _procrastinate_write(conninfo: str, writes: int, worker: str) -> None:
         conn.execute("INSERT INTO job (name) VALUES (%s)", (f"{worker}-rolled-back",))
         task.configure(connection=conn).defer(**{**PAYLOAD, "job_id": 0})
         raise psycopg.Rollback()
-    for n in range(WARM):
-        write(n)
-    start = _ready_then_go()
-    for n in range(WARM, WARM + writes):
-        write(n)
-    _done(start, writes)
+    _timed_writes(write, writes)
     conn.close()
     app.close()
 
@@ -305,12 +314,7 @@ def _pactix_write(url: str, writes: int, worker: str) -> None:
             await write(engine, -1, roll_back=True)
         except _RolledBack:
             pass
-        for n in range(WARM):
-            await write(engine, n)
-        start = _ready_then_go()
-        for n in range(WARM, WARM + writes):
-            await write(engine, n)
-        _done(start, writes)
+        await _timed_writes_async(lambda n: write(engine, n), writes)
         await engine.dispose()
 
     asyncio.run(main())
@@ -417,12 +421,7 @@ def _faststream_write(url: str, writes: int, worker: str) -> None:
             await write(-1, roll_back=True)
         except _RolledBack:
             pass
-        for n in range(WARM):
-            await write(n)
-        start = _ready_then_go()
-        for n in range(WARM, WARM + writes):
-            await write(n)
-        _done(start, writes)
+        await _timed_writes_async(write, writes)
         await engine.dispose()
 
     asyncio.run(main())
