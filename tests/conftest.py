@@ -316,3 +316,11 @@ def proxy(db_url):
     forwarder = Proxy(db_url.host, db_url.port, FAMILY.name)
     yield forwarder
     forwarder.close()
+
+
+@pytest.fixture
+def proxied(db_url, proxy):
+    """A database of the test server reached through ``proxy``."""
+    database = db_url.database(host="127.0.0.1", port=proxy.port, **FAMILY.PLAIN_TEXT)
+    yield database
+    database.close()

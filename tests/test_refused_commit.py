@@ -78,14 +78,6 @@ class Broker:
         pass
 
 
-@pytest.fixture
-def proxied(db_url, proxy):
-    """A database of the test server reached through ``proxy``."""
-    database = db_url.database(host="127.0.0.1", port=proxy.port, **FAMILY.PLAIN_TEXT)
-    yield database
-    database.close()
-
-
 @pytest.mark.parametrize("error", ERRORS, ids=_ids(ERRORS))
 def test_the_relay_outlives_refused_commits_and_records_every_outcome_once(
         proxied, proxy, repo, fetch, caplog, error):

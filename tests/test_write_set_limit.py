@@ -48,13 +48,6 @@ class Broker:
         pass
 
 
-@pytest.fixture
-def proxied(db_url, proxy):
-    database = db_url.database(host="127.0.0.1", port=proxy.port, **FAMILY.PLAIN_TEXT)
-    yield database
-    database.close()
-
-
 @pytest.mark.parametrize("error", TOO_LARGE, ids=[str(e[0]) for e in TOO_LARGE])
 def test_the_relay_halves_its_batch_until_the_claim_fits(proxied, proxy, repo, fetch, error):
     if FAMILY.name == "postgresql":
