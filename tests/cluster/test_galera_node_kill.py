@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -32,7 +31,7 @@ GALERA = CHECKOUT / "scripts" / "galera.sh"
 sys.path.insert(0, str(CHECKOUT / "scripts"))
 from galera_publisher import Recorder  # noqa: E402 - the harness's publisher, from scripts/
 
-from _cluster import seed_outbox  # noqa: E402
+from _cluster import running, seed_outbox  # noqa: E402
 
 EVENTS = 6000
 LOCK_TIMEOUT = 20.0
@@ -85,34 +84,19 @@ def test_a_node_killed_mid_drain_loses_and_doubles_nothing(galera_urls: list[str
                     batch_size=50, lock_timeout=LOCK_TIMEOUT, reconnect_pause=0.1,
                     max_reconnect_pause=1.0, progress_every=0)
               for i, (url, publisher) in enumerate(zip(urls, publishers))]
-    stop = threading.Event()
-    failures: list[BaseException] = []
-
-    def run(relay: Relay) -> None:
-        try:
-            relay.run(stop)
-        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
-            failures.append(exc)
-
-    threads = [threading.Thread(target=run, args=(relay,), daemon=True) for relay in relays]
-    killed = restarted = rejoin = 0.0
+    killed = rejoin = 0.0
     try:
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 300
-        while store.hlen(key) < EVENTS // 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        killed, killed_utc = time.monotonic(), _naive_utc(dt.datetime.now(dt.timezone.utc))
-        _galera("kill", "2")
-        while store.hlen(key) < EVENTS and time.monotonic() < deadline:
-            time.sleep(0.05)
-        drained = time.monotonic()
-        restarted = time.monotonic()
-        rejoin = _galera("restart", "2")
+        with running(relays) as (threads, failures):
+            deadline = time.monotonic() + 300
+            while store.hlen(key) < EVENTS // 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            killed, killed_utc = time.monotonic(), _naive_utc(dt.datetime.now(dt.timezone.utc))
+            _galera("kill", "2")
+            while store.hlen(key) < EVENTS and time.monotonic() < deadline:
+                time.sleep(0.05)
+            drained = time.monotonic()
+            rejoin = _galera("restart", "2")
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(60)
         for relay in relays:
             relay.repository.database.close()
 

@@ -13,7 +13,6 @@ And Galera's ``wsrep_sync_wait`` (causal reads) on the relay's node: the relay d
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -21,9 +20,10 @@ import peewee
 import pytest
 
 from outbox_lite import OutboxRepository, is_retryable
-from outbox_lite import migrate as schema
 from outbox_lite._families.url import DatabaseUrl
 from outbox_lite.relay import Relay
+
+from _cluster import running, seed_outbox
 
 DATABASE = "outbox_write_set"
 EVENTS = 200
@@ -65,42 +65,18 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[str, DatabaseUrl, 
 
 
 def _seed(url: DatabaseUrl) -> peewee.Database:
-    url.drop_database()
-    url.create_database()
-    db = url.database()
-    schema.migrate(db)
-    repo = OutboxRepository(db)
-    for start in range(0, EVENTS, 20):
-        with db.atomic():
-            for n in range(start, start + 20):
-                repo.create_in_transaction(event_type="job.created", aggregate_type="job",
-                                           aggregate_id=str(n), payload={"text": "x" * 200})
-    return db
+    return seed_outbox(url, EVENTS, per_commit=20, payload={"text": "x" * 200})
 
 
 def _drain(relay: Relay, db: peewee.Database, seconds: float = 60) -> list[BaseException]:
-    stop = threading.Event()
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            relay.run(stop)
-        except BaseException as exc:  # noqa: BLE001 - asserted in the main thread
-            failures.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
     deadline = time.monotonic() + seconds
-    try:
-        while time.monotonic() < deadline and thread.is_alive():
+    with running([relay]) as (threads, failures):
+        while time.monotonic() < deadline and threads[0].is_alive():
             published = db.execute_sql(
                 "SELECT COUNT(*) FROM outbox_event WHERE status = 'published'").fetchone()[0]
             if published == EVENTS:
                 break
             time.sleep(0.1)
-    finally:
-        stop.set()
-        thread.join(30)
     return failures
 
 
