@@ -115,15 +115,19 @@ def test_instants_stay_utc_with_a_far_host_zone_and_session_time_zone(db_url, fe
     database.execute_sql(FAMILY.TIME_ZONE_PLUS_8)  # the session's zone too
     repo = OutboxRepository(database)  # the real clock
     before = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    started = time.monotonic()
     paris = dt.timezone(dt.timedelta(hours=1))
     with database.atomic():
         event = repo.create_in_transaction(
             event_type="e", aggregate_type="a", aggregate_id="1", payload={},
             available_at=dt.datetime(2026, 6, 1, 13, 0, tzinfo=paris))
+    # The clock's reading is the server's, paired with the middle of its round trip: off by
+    # at most half of it (the whole write's time bounds it), never by the 8 hours checked.
+    slack = dt.timedelta(seconds=(time.monotonic() - started) / 2)
     after = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     row = fetch("SELECT available_at, created_at FROM outbox_event")[0]
     assert row["available_at"] == dt.datetime(2026, 6, 1, 12, 0)
-    assert before <= row["created_at"] <= after  # UTC, not Shanghai's wall clock
+    assert before - slack <= row["created_at"] <= after + slack  # UTC, not Shanghai's
     assert event.created_at.tzinfo == dt.timezone.utc
     reread = repo.model.get_by_id(event.id)
     assert reread.available_at == dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
