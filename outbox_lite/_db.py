@@ -24,6 +24,9 @@ __all__ = ["CONNECTION_ERRORS", "DEFAULT_URL", "execute", "is_connection_error",
            "lost_connection", "reconnect", "tls_failure"]
 
 logger = logging.getLogger(__name__)
+#: Peewee's wrapper that turns a driver's error into Peewee's class of it (what execute_sql
+#: raises), for the results read after execute_sql.
+_PEEWEE_ERRORS = getattr(pw, "__exception_wrapper__")
 
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/outbox_lite"
 
@@ -187,10 +190,15 @@ def execute(database: pw.Database, sql: str, params: Sequence[Any]) -> Any:
     MySQL's deadlock and lock-wait timeout) raises LockConflictError; a broken connection
     raises :func:`lost_connection`'s ConnectionLostError; a database that does not exist (a
     connection opened here for it) SchemaError, as a missing table does; anything else
-    Peewee's own error."""
+    Peewee's own error. A statement of several (a family's ``Statement`` whose ``results``
+    is more than 1, sent as one packet) has each result read here, each refusal raised as
+    the first one's would be; the cursor returned is on the last result."""
     try:
         conn = _session.prepare(database)
         cursor = database.execute_sql(sql, params)
+        for _ in range(getattr(sql, "results", 1) - 1):
+            with _PEEWEE_ERRORS:  # Peewee's error classes, as execute_sql raises them
+                cursor.nextset()
         _session.settled(database, conn)
         return cursor
     except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:

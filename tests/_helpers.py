@@ -136,6 +136,14 @@ class MySQLFamily:
         return {"init_command": f"SET SESSION TRANSACTION ISOLATION LEVEL {level}"}
 
     @staticmethod
+    def multi_statements(url: Any) -> Any:
+        """``url`` with the option that lets its connections send several statements in one
+        packet (``multi_statements=true``: PyMySQL's ``CLIENT.MULTI_STATEMENTS``)."""
+        from outbox_lite._families.url import DatabaseUrl
+        text = url.secret_text()
+        return DatabaseUrl.parse(text + ("&" if "?" in text else "?") + "multi_statements=true")
+
+    @staticmethod
     def session_options(server: Any, isolation: str | None = None, wait: int | None = None,
                         ) -> dict[str, Any]:
         """``url.database(**…)`` options whose sessions start at ``isolation`` (when given) and
@@ -354,6 +362,12 @@ class PostgreSQLFamily:
         """libpq's ``options``: the setting for the session, before its first statement."""
         value = level.lower().replace(" ", "\\ ")
         return {"options": f"-c default_transaction_isolation={value}"}
+
+    @staticmethod
+    def multi_statements(url: Any) -> Any:
+        """``url`` itself: psycopg has no switch for several statements in one packet, and
+        the write is one statement at every level without it."""
+        return url
 
     @staticmethod
     def session_options(server: Any, isolation: str | None = None, wait: int | None = None,

@@ -36,26 +36,70 @@ def _library_statements(statements: list[tuple[str, Any]]) -> list[str]:
             if sql.split()[0] not in ("BEGIN", "COMMIT", "SET") and "INTO job" not in sql]
 
 
-def _expected_write(server, level: str, keyed: bool) -> list[str]:
+def _expected_write(server, level: str, keyed: bool, packed: bool = False) -> list[str]:
     """What the server needs for one event, the same on both MySQL servers: one INSERT,
     except with a dedupe_key at REPEATABLE READ, where a refused INSERT would hold up other
-    writers (MariaDB's the gap before the key, MySQL's every one): a lock-free read first.
-    PostgreSQL: one INSERT at every level."""
+    writers (MariaDB's the gap before the key, MySQL's every one): a lock-free read first,
+    and on a connection that allows multiple statements (``packed``) the read and the INSERT
+    go in one packet (one statement sent, beginning with the read). PostgreSQL: one INSERT at
+    every level (it has no such switch: ``FAMILY.multi_statements``)."""
     if keyed and level == "REPEATABLE READ" and FAMILY.GAP_LOCKS:
-        return ["SELECT", "INSERT"]
+        return ["SELECT"] if packed else ["SELECT", "INSERT"]
     return [FAMILY.WRITE_WORD]
+
+
+#: The connection the writer uses: as the driver opens it by default, or (MySQL's URL
+#: option ``multi_statements=true``) allowing several statements in one packet.
+CONNECTIONS = ["plain", "multi-statements"]
+
+
+@pytest.fixture(params=CONNECTIONS)
+def packed(request: pytest.FixtureRequest) -> bool:
+    return request.param == "multi-statements"
+
+
+@pytest.fixture
+def writer_url(db_url, packed: bool) -> Any:
+    """The test database's URL, with multiple statements allowed when ``packed``."""
+    return FAMILY.multi_statements(db_url) if packed else db_url
+
+
+@pytest.fixture
+def wdb(db, writer_url, packed: bool) -> Any:
+    """``db`` (its job table made), or a second database object on a connection allowing
+    multiple statements."""
+    if not packed:
+        yield db
+        return
+    database = writer_url.database()
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def wrepo(wdb, clock) -> OutboxRepository:
+    return OutboxRepository(wdb, clock=clock)
+
+
+def _one_packet(statements: list[tuple[str, Any]]) -> bool:
+    """Whether the keyed write went as the read and the INSERT in one statement sent."""
+    return any(sql.startswith("SELECT") and "; INSERT INTO outbox_event" in sql
+               for sql, _ in statements)
 
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "dedupe-key"])
-def test_what_a_write_on_a_warm_connection_sends(db, repo, fetch, server, level,
-                                                          keyed):
+def test_what_a_write_on_a_warm_connection_sends(wdb, wrepo, fetch, server, level, keyed,
+                                                 packed):
+    db, repo = wdb, wrepo
     with db.atomic(isolation_level=level):  # warms the connection: session, packet, schema
         repo.create_in_transaction(**EVENT, dedupe_key="warm" if keyed else None)
     with capture_sql(db) as statements, db.atomic(isolation_level=level):
         db.execute_sql("INSERT INTO job (name) VALUES (%s)", ("job-42",))
         event = repo.create_in_transaction(**EVENT, dedupe_key="job-42" if keyed else None)
-    assert _library_statements(statements) == _expected_write(server, level, keyed), statements
+    expected = _expected_write(server, level, keyed, packed)
+    assert _library_statements(statements) == expected, statements
+    assert _one_packet(statements) == (expected == ["SELECT"]), statements
     rows = fetch("SELECT id, dedupe_key FROM outbox_event ORDER BY id")
     assert len(rows) == 2 and rows[1]["id"] == event.id
     assert rows[1]["dedupe_key"] == ("job-42" if keyed else event.dedupe_key)
@@ -63,8 +107,9 @@ def test_what_a_write_on_a_warm_connection_sends(db, repo, fetch, server, level,
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_a_duplicate_raises_and_the_transaction_goes_on_at_each_level(db, repo, fetch,
-                                                                      server, level):
+def test_a_duplicate_raises_and_the_transaction_goes_on_at_each_level(wdb, wrepo, fetch,
+                                                                      server, level, packed):
+    db, repo = wdb, wrepo
     with db.atomic(isolation_level=level):
         repo.create_in_transaction(**EVENT, dedupe_key="committed")
     with capture_sql(db) as statements, db.atomic(isolation_level=level):
@@ -78,9 +123,12 @@ def test_a_duplicate_raises_and_the_transaction_goes_on_at_each_level(db, repo, 
     assert (committed.value.dedupe_key, own.value.dedupe_key) == ("committed", "mine")
     # One round trip per refusal too. At REPEATABLE READ on MySQL and MariaDB: the read finds
     # both keys (a consistent read sees the transaction's own rows) and no refused INSERT is
-    # sent. PostgreSQL: the INSERT alone, refused without an error.
+    # sent; in one packet, the INSERT goes with the read and is refused before it stores
+    # anything (status NULL: 1048), the caller seeing DuplicateEventError all the same.
+    # PostgreSQL: the INSERT alone, refused without an error.
     reads_first = level == "REPEATABLE READ" and FAMILY.GAP_LOCKS
     assert _library_statements(statements) == (
+        ["SELECT"] * 3 if reads_first and packed else
         ["SELECT", "SELECT", "INSERT", "SELECT"] if reads_first else [FAMILY.WRITE_WORD] * 3
     ), statements
     assert sorted(r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")) == [
@@ -92,8 +140,9 @@ def _race_refused_duplicate(db_url, level: str, keys: list[str]) -> dict[str, An
     """One transaction is refused a committed duplicate (k5, between k2 and k8) and stays
     open; meanwhile, released together by a Barrier, one writer per key in ``keys`` writes an
     event (and a job row) in a transaction of its own on its own connection, waiting at most
-    1 s for a lock (FAMILY.limit_lock_waits, session level). Returns each key's outcome:
-    True when written, else the errno of the LockConflictError."""
+    1 s for a lock (FAMILY.limit_lock_waits, session level), every connection opened by
+    ``db_url`` (multiple statements allowed or not). Returns each key's outcome: True when
+    written, else the errno of the LockConflictError."""
     setup = db_url.database()
     setup_repo = OutboxRepository(setup)
     with setup.atomic():
@@ -158,12 +207,12 @@ def _race_refused_duplicate(db_url, level: str, keys: list[str]) -> dict[str, An
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_writers_do_not_wait_on_a_refused_duplicate(db, db_url, fetch, server, level):
+def test_writers_do_not_wait_on_a_refused_duplicate(db, writer_url, fetch, server, level):
     """Keys before, after and far from the duplicate: no writer waits, on every server, at
     both levels. (On main, MySQL at REPEATABLE READ needed the read for this: a refused
     INSERT there made all of them wait, 1205.)"""
     keys = ["k1", "k9", "zz-last", "0123abcd"]
-    outcomes = _race_refused_duplicate(db_url, level, keys)
+    outcomes = _race_refused_duplicate(writer_url, level, keys)
     assert outcomes == {"k5": "refused", **dict.fromkeys(keys, True)}
     rows = fetch("SELECT dedupe_key FROM outbox_event WHERE dedupe_key NOT LIKE 'warm-%%'")
     assert sorted(r["dedupe_key"] for r in rows) == sorted(["k2", "k5", "k8", *keys])
@@ -172,16 +221,17 @@ def test_writers_do_not_wait_on_a_refused_duplicate(db, db_url, fetch, server, l
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_a_key_in_the_gap_just_before_a_refused_duplicate(db, db_url, fetch, server,
+def test_a_key_in_the_gap_just_before_a_refused_duplicate(db, writer_url, fetch, server,
                                                           level):
     """The one key range a refused duplicate can hold up: keys sorting between the duplicate
     and the key before it (k4, between k2 and k5). At READ COMMITTED the write is an INSERT …
     WHERE NOT EXISTS that locks nothing. At REPEATABLE READ both servers read first and send
-    no INSERT for a committed key: nothing locked. (A plain INSERT's refusal there would keep
+    no INSERT for a committed key, or (multiple statements allowed) send it in the read's
+    packet, refused before it stores anything: nothing locked. (A plain INSERT's refusal there would keep
     a shared next-key lock on k5's entry on MariaDB, and k4 would wait: 1205 after 1 s,
     measured; on MySQL every key would.) PostgreSQL has no gap locks. No wait on any server
     at either level."""
-    outcomes = _race_refused_duplicate(db_url, level, ["k4", "k3-x"])
+    outcomes = _race_refused_duplicate(writer_url, level, ["k4", "k3-x"])
     assert outcomes == {"k5": "refused", "k4": True, "k3-x": True}
     written = {r["dedupe_key"] for r in fetch("SELECT dedupe_key FROM outbox_event")}
     assert {"k4", "k3-x"} <= written
@@ -283,3 +333,26 @@ def test_a_new_connection_outside_a_transaction_is_one_question_too(db_url, fetc
     assert [sql.split()[0] for sql, _ in after] == ["SELECT", "UPDATE"], after
     assert _words(after[0][0]) == {FAMILY.CLOCK_WORD}, after
     assert repo.clock.reads == 2
+
+
+def test_the_url_option_multi_statements(db_url, server):
+    """``multi_statements=true`` is a MySQL URL option: its connections allow several
+    statements in one packet (PyMySQL's ``CLIENT.MULTI_STATEMENTS``, off by default, as
+    without the option); a postgresql:// URL refuses it by name (psycopg has no such switch,
+    and the write there is one statement at every level already)."""
+    from outbox_lite._families.url import DatabaseUrl, DatabaseUrlError
+    with_option = db_url.secret_text() + ("&" if "?" in db_url.secret_text() else "?") + (
+        "multi_statements=true")
+    if FAMILY.name != "mysql":
+        with pytest.raises(DatabaseUrlError, match="unknown URL parameter multi_statements"):
+            DatabaseUrl.parse(with_option)
+        return
+    from pymysql.constants.CLIENT import MULTI_STATEMENTS
+    flags = {}
+    for name, url in (("plain", db_url), ("option", DatabaseUrl.parse(with_option))):
+        database = url.database()
+        try:
+            flags[name] = bool(database.connection().client_flag & MULTI_STATEMENTS)
+        finally:
+            database.close()
+    assert flags == {"plain": False, "option": True}

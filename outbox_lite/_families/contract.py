@@ -21,16 +21,22 @@ class Statement(str):
     positional text (``%s``; both drivers take either): :meth:`bind` puts a mapping's values
     in the statement's order, so a call site names what it passes and never counts
     placeholders. A list of values for ``IN %(ids)s`` is given as a tuple and sent as one
-    placeholder per value, ``IN (%s, %s, %s)``. ``named`` is the text as written."""
+    placeholder per value, ``IN (%s, %s, %s)``. ``named`` is the text as written.
+    ``results``: how many statements the text holds, sent as one packet (MySQL's multiple
+    statements, on a connection that allows them); the runner reads every result and hands
+    back the cursor of the last (:func:`outbox_lite._db.execute`)."""
 
     names: tuple[str, ...]
     named: str
     _parts: list[str]
     _texts: dict[tuple[int, ...], str]
     _getter: Any
+    results: int = 1
 
-    def __new__(cls, text: str) -> "Statement":
+    def __new__(cls, text: str, results: int = 1) -> "Statement":
         statement = super().__new__(cls, _NAMED.sub("%s", text))
+        if results != 1:
+            statement.results = results
         statement.names = tuple(_NAMED.findall(text))
         statement.named = text
         statement._parts = _NAMED.split(text)[::2]  # the text around each placeholder
@@ -69,7 +75,7 @@ class Statement(str):
 
     def replace(self, old: str, new: str, count: int = -1) -> "Statement":  # type: ignore[override]
         """An edited statement (a test's deliberate fault) keeps its parameters' names."""
-        return Statement(self.named.replace(old, new, count))
+        return Statement(self.named.replace(old, new, count), self.results)
 
 
 class Pages(NamedTuple):

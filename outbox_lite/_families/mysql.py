@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import peewee as pw
 import pymysql
+from pymysql.constants.CLIENT import MULTI_STATEMENTS as _MULTI_STATEMENTS
 
 from ..errors import DuplicateEventError, LockConflictError, PayloadError, WriteSetTooLargeError
 from . import mysql_packet
@@ -137,6 +138,7 @@ UNREACHABLE = frozenset({2002, 2003})
 #: Also worth a reconnect: the server is shutting down (1053), or full for now (1040).
 GOING = frozenset({1040, 1053})
 ER_DUP_ENTRY = 1062
+ER_BAD_NULL_ERROR = 1048  # READ_THEN_INSERT's refusal of a taken key (status NULL)
 ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK = 1205, 1213
 #: A COMMIT a cluster refused: Group Replication's rollback of a transaction that lost
 #: certification (3101), and "Got error 149 … during COMMIT" (1180; 149 is the handler's
@@ -185,6 +187,13 @@ _DENIED_RE = re.compile(r"(\w+) command denied to user '([^']*)'@'[^']*' for tab
 
 
 _LIMIT_RE = re.compile(r"max_allowed_packet \((\d+)\)")
+
+
+def _taken(exc: BaseException) -> bool:
+    """Whether ``exc`` is :data:`~.mysql_sql.READ_THEN_INSERT`'s refusal: its read found the
+    key committed (or the transaction's own), so its INSERT gave status NULL (1048)."""
+    return (errno_of(exc) == ER_BAD_NULL_ERROR
+            and f"'{sql.TAKEN_COLUMN}'" in str(getattr(exc, "orig", exc)))
 
 
 def refused(exc: BaseException) -> PayloadError | None:
@@ -404,17 +413,21 @@ class MySQLFamily(Family):
         (:data:`~.mysql_sql.INSERT_UNLESS_TAKEN`, 0 rows: a committed duplicate); the
         lock-free read :data:`~.mysql_sql.DEDUPE_KEY_TAKEN`, then the INSERT, at REPEATABLE
         READ or SERIALIZABLE, where a refused INSERT would hold up other writers on either
-        server (the measurements are in :mod:`.mysql_sql`). Raises DuplicateEventError, and
-        PayloadError for a payload the server's ``max_allowed_packet`` would refuse (before
-        any SQL) or refused. ``execute(statement, params)`` runs a statement."""
+        server (the measurements are in :mod:`.mysql_sql`): in one round trip
+        (:data:`~.mysql_sql.READ_THEN_INSERT`) when the connection allows multiple
+        statements, else two. Raises DuplicateEventError, and PayloadError for a payload the
+        server's ``max_allowed_packet`` would refuse (before any SQL) or refused.
+        ``execute(statement, params)`` runs a statement."""
         statement, read_first = sql.INSERT, False
+        limit = mysql_packet.packet_limit(database, execute)
         if given_key:
             if isolation in self._ONE_STATEMENT_LEVELS:
                 statement = sql.INSERT_UNLESS_TAKEN
+            elif getattr(database.connection(), "client_flag", 0) & _MULTI_STATEMENTS:
+                statement = sql.READ_THEN_INSERT
             else:
                 read_first = True
         params = statement.params(values)
-        limit = mysql_packet.packet_limit(database, execute)
         mysql_packet.check_insert(limit, statement, payload, values["payload"], params)
         key = values["dedupe_key"]
         if read_first and execute(sql.DEDUPE_KEY_TAKEN,
@@ -423,7 +436,7 @@ class MySQLFamily(Family):
         try:
             cursor = execute(statement, params)
         except pw.IntegrityError as exc:
-            if "dedupe_key" in (self.duplicate_key(exc) or ""):
+            if "dedupe_key" in (self.duplicate_key(exc) or "") or _taken(exc):
                 raise DuplicateEventError(key) from exc
             raise
         except pw.OperationalError as exc:
@@ -567,7 +580,7 @@ OPTIONS: dict[str, Callable[[str, str], Any]] = {
     "ssl_key_password": text_option, "ssl_verify_cert": flag_option,
     "ssl_verify_identity": flag_option, "ssl_disabled": flag_option,
     "charset": _charset, "connect_timeout": _seconds, "read_timeout": _seconds,
-    "write_timeout": _seconds,
+    "write_timeout": _seconds, "multi_statements": flag_option,
 }
 
 
@@ -601,6 +614,10 @@ class MySQLUrl(DatabaseUrl):
             # The name is checked on a verified certificate only (MySQL's VERIFY_IDENTITY
             # includes VERIFY_CA): PyMySQL 1.2 implies it, 1.1 raises ValueError without it.
             options["ssl_verify_cert"] = True
+        if options.pop("multi_statements", False):
+            # Lets the keyed write at REPEATABLE READ travel as one packet (READ_THEN_INSERT);
+            # off by default, as in PyMySQL: it also lets one execute() run several statements.
+            options["client_flag"] = _MULTI_STATEMENTS
         return {"host": self.host, "port": self.port, "user": self.user,
                 "password": self.password, "charset": "utf8mb4", "connect_timeout": 5,
                 **options}

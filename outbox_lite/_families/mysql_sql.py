@@ -58,8 +58,9 @@ INSERT = Statement(
 #:
 #: So: READ COMMITTED or READ UNCOMMITTED, both servers: :data:`INSERT_UNLESS_TAKEN` (0 rows:
 #: a committed duplicate). REPEATABLE READ or SERIALIZABLE, both servers: :data:`DEDUPE_KEY_TAKEN`,
-#: then the INSERT (two round trips): every one-statement form leaves a lock that holds up
-#: some other writer there (MariaDB's refused INSERT the gap before the key, MySQL's every
+#: then the INSERT (two round trips; one, :data:`READ_THEN_INSERT`, on a connection that
+#: allows multiple statements): every one-statement form leaves a lock that holds up some
+#: other writer there (MariaDB's refused INSERT the gap before the key, MySQL's every
 #: writer), and no writer waits on another's refused duplicate.
 INSERT_UNLESS_TAKEN = Statement(
     "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
@@ -79,6 +80,31 @@ INSERT_UNLESS_TAKEN = Statement(
 DEDUPE_KEY_TAKEN = Statement(
     "SELECT id FROM outbox_event FORCE INDEX (uq_outbox_event_dedupe_key)"
     " WHERE dedupe_key = %(dedupe_key)s")
+
+#: The session variable that carries :data:`READ_THEN_INSERT`'s read to its INSERT (left set
+#: on the session, as any statement's own variable is).
+TAKEN_VARIABLE = "@outbox_lite_dedupe_taken"
+#: The column whose NULL refuses :data:`READ_THEN_INSERT`'s INSERT when the key is taken:
+#: error 1048, which a single-row INSERT raises in every sql_mode, before InnoDB is asked to
+#: store the row, so no lock is taken for it.
+TAKEN_COLUMN = "status"
+
+#: :data:`DEDUPE_KEY_TAKEN`, then the INSERT, in one round trip: two statements in one packet,
+#: on a connection that allows multiple statements (PyMySQL's ``CLIENT.MULTI_STATEMENTS``;
+#: the URL option ``multi_statements=true``). The read is a plain ``SELECT … INTO`` a
+#: session variable, a consistent read that locks nothing (a ``SET @v = (SELECT …)`` or a
+#: subquery in the INSERT reads with shared next-key locks at REPEATABLE READ on both
+#: servers: ``python scripts/bench.py write-locks``); the INSERT is refused (1048, status
+#: NULL) when the read found the key, with the same locks as the two round trips: none.
+READ_THEN_INSERT = Statement(
+    "SELECT COUNT(*) FROM outbox_event FORCE INDEX (uq_outbox_event_dedupe_key)"
+    f" WHERE dedupe_key = %(dedupe_key)s INTO {TAKEN_VARIABLE};"
+    " INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,"
+    " status, attempt_count, available_at, created_at, updated_at, headers, expires_at)"
+    " VALUES (%(event_type)s, %(aggregate_type)s, %(aggregate_id)s, %(dedupe_key)s,"
+    f" %(payload)s, IF({TAKEN_VARIABLE} = 0, 'pending', NULL), 0, %(available_at)s,"
+    " %(created_at)s, %(updated_at)s, %(headers)s, %(expires_at)s)",
+    results=2)
 
 # -- claiming ---------------------------------------------------------------------------
 

@@ -67,7 +67,11 @@ SIDES = ("library", "raw")
 #: raw-same: on MySQL and MariaDB, the raw write sending the library's statements at
 #: REPEATABLE READ (the lock-free read of the key, then the INSERT); the raw twin already
 #: sends them on PostgreSQL and in the claim.
-ALL_SIDES = (*SIDES, "raw-same")
+#: packed: on MySQL and MariaDB, the library's write on a connection allowing multiple
+#: statements (``multi_statements=true``): the read and the INSERT in one packet.
+ALL_SIDES = (*SIDES, "raw-same", "packed")
+#: The sides that are writes on MySQL and MariaDB only.
+_MYSQL_WRITES = ("raw-same", "packed")
 
 
 # ---------------------------------------------------------------------------
@@ -89,8 +93,9 @@ def _writes(side: str, url: DatabaseUrl) -> tuple[Callable[[int], None], Callabl
 
     # In clear text as the library's side (PyMySQL turns TLS on when the server offers it)
     clear = {} if is_postgresql(url) else {"ssl_disabled": True}
-    client = {"library": write.Library, "raw": write.Raw, "raw-same": _RawSame}[side](
-        url, {} if side == "library" else clear)
+    client = {"library": write.Library, "raw": write.Raw, "raw-same": _RawSame,
+              "packed": write.Packed}[side](
+        url, {} if side in ("library", "packed") else clear)
     counter = iter(range(10**9))
 
     def run(count: int) -> None:
@@ -251,7 +256,7 @@ class _Runner:
             proxy.close()
         (wire0, log0), (wire, log) = counts[0], counts[self.sizes[path]]
         figures = {"wire": (wire - wire0) / self.events(path)}
-        if side == "library":
+        if side in ("library", "packed"):
             figures["peewee"] = (log - log0) / self.events(path)
         return figures
 
@@ -325,7 +330,7 @@ def measure(base: DatabaseUrl, writes: int, batches: int, repeat: int,
             figures: dict[str, Any] = {}
             for path in paths:
                 for side in sides:
-                    if side == "raw-same" and (path != "write" or is_postgresql(base)):
+                    if side in _MYSQL_WRITES and (path != "write" or is_postgresql(base)):
                         continue
                     figures[f"{path}/{side}"] = {
                         "instructions": [runner.instructions(side, path) for _ in range(repeat)],
