@@ -62,6 +62,15 @@ def _both(promise: str, break_: str, tests: tuple[str, ...],
 
 
 MUTANTS: list[Mutant] = [
+    Mutant("a refused duplicate holds up no other writer (one packet, REPEATABLE READ)",
+           "the packet's read of the key as SET @v = (SELECT ...): a locking read",
+           MYSQL,
+           '    "SELECT COUNT(*) FROM outbox_event FORCE INDEX (uq_outbox_event_dedupe_key)"\n'
+           '    f" WHERE dedupe_key = %(dedupe_key)s INTO {TAKEN_VARIABLE};"',
+           '    f"SET {TAKEN_VARIABLE} = (SELECT COUNT(*) FROM outbox_event"\n'
+           '    " FORCE INDEX (uq_outbox_event_dedupe_key) WHERE dedupe_key = %(dedupe_key)s);"',
+           ("tests/test_write_round_trip.py::test_a_key_in_the_gap_just_before_a_refused_duplicate",),
+           "mysql"),
     Mutant("relay without tracing: a refused event is not published (§5)",
            "untraced publish ignores the failures returned",
            "outbox_lite/relay/_publishing.py",
