@@ -48,6 +48,9 @@ DEFAULT_WAKE_MAX_IDLE_PAUSE = 2.0
 #: The first pause after a ring whose claim found nothing (its COMMIT may not have happened
 #: yet); it doubles on each empty claim after it.
 WAKE_RETRY = 0.001
+#: Claims in a row that answer a ring and find nothing, after which rings stop cutting the
+#: retries' waits short: one is an event already taken, two are a storm (IdlePause).
+_DEAF_AFTER_MISSES = 2
 _STOP_SLICE = 0.05  # a wait looks at the relay's stop event at least this often
 _BACKOFF_FIRST, _BACKOFF_CAP = 0.1, 5.0
 
@@ -122,11 +125,14 @@ class IdlePause:
 
     Without a bell: ``first`` doubling up to ``longest`` (the plain poll). With one, also:
     a ring cuts the wait short; a claim that answered a ring and found nothing (the ring's
-    COMMIT may still be on its way) is retried after 1, 2, 4 … ms instead of the poll pause,
-    and while it retries, rings do not cut its waits short (they stay in the flag for the
-    next claim). So a storm of rings that find nothing (or that another relay was quicker
-    to answer) costs about log2(longest / 1 ms) claims, then one per ``longest``, whatever
-    their number; a claim that found work, or a whole ``longest`` without a ring, ends it.
+    COMMIT may still be on its way) is retried after 1, 2, 4 … ms instead of the poll pause.
+    One such miss is no storm: its event was most likely taken by a claim that ran between
+    the COMMIT and its ring (a poll, the round after a batch), so the next ring still cuts
+    the retry's wait short. From the second miss in a row, rings do not cut its waits short
+    (they stay in the flag for the next claim). So a storm of rings that find nothing (or
+    that another relay was quicker to answer) costs about log2(longest / 1 ms) claims, then
+    one per ``longest``, whatever their number; a claim that found work, or a whole
+    ``longest`` without a ring, ends it.
     """
 
     def __init__(self, first: float, longest: float, bell: Doorbell | None) -> None:
@@ -134,22 +140,25 @@ class IdlePause:
         self.pause = 0.0
         self._answering = False  # the coming claim answers a ring
         self._retrying = False  # after a ring whose claim found nothing
+        self._misses = 0  # claims in a row that answered a ring and found nothing
 
     def before_claim(self) -> None:
         """Call just before each claim: the rings until now are answered by it."""
         self._answering = self.bell is not None and self.bell.take()
 
     def found_work(self) -> None:
-        self.pause, self._retrying = 0.0, False
+        self.pause, self._retrying, self._misses = 0.0, False, 0
 
     def next_pause(self) -> float:
         """After an empty claim: the pause to wait now."""
         if self._answering:
+            self._misses += 1
             self.pause = min(self.longest, self.pause * 2) if self._retrying else WAKE_RETRY
             self._retrying = True
         else:
             if self._retrying and self.pause >= self.longest:
-                self._retrying = False  # a whole poll pause without a ring: start over
+                # a whole poll pause without a ring: start over
+                self._retrying, self._misses = False, 0
             self.pause = min(self.longest, self.pause * 2 or self.first)
         return self.pause
 
@@ -158,7 +167,7 @@ class IdlePause:
         if self.bell is None:
             stop.wait(self.pause)
         else:
-            self.bell.wait(self.pause, stop, interruptible=not self._retrying)
+            self.bell.wait(self.pause, stop, interruptible=self._misses < _DEAF_AFTER_MISSES)
 
 
 # ---------------------------------------------------------------------------
