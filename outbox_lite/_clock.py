@@ -68,7 +68,7 @@ class ServerClock:
         if anchor is None or now - anchor.monotonic > self.refresh or self._new_connection():
             anchor = self._read()
             now = time.monotonic()
-        return anchor.server + dt.timedelta(seconds=now - anchor.monotonic)
+        return anchor.server + dt.timedelta(0, now - anchor.monotonic)  # (days, seconds)
 
     def peek(self) -> dt.datetime | None:
         """The current estimate, aware, without any SQL: None before the first read."""

@@ -199,7 +199,11 @@ def execute(database: pw.Database, sql: str, params: Sequence[Any]) -> Any:
         for _ in range(getattr(sql, "results", 1) - 1):
             with _PEEWEE_ERRORS:  # Peewee's error classes, as execute_sql raises them
                 cursor.nextset()
-        _session.settled(database, conn)
+        if database.connection() is not conn:
+            # It ran on another connection (a ReconnectMixin database reconnects and retries
+            # inside execute_sql): prepare that one now, so that a session with autocommit
+            # off commits it (SET autocommit = 1 commits).
+            _session.prepare(database)
         return cursor
     except (pw.OperationalError, pw.InternalError, pw.InterfaceError) as exc:
         ours = _translated(database, exc)

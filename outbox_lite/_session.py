@@ -53,6 +53,10 @@ class Session:
     clock: tuple[Any, float] | None = None
 
 
+#: Each connection's Session is kept on the connection object, in this attribute (one
+#: ``getattr`` a statement, where a WeakKeyDictionary made a weak reference to look it up);
+#: a connection object that takes no attribute keeps it in ``_sessions``.
+_ATTRIBUTE = "_outbox_lite_session"
 _sessions: "weakref.WeakKeyDictionary[Any, Session]" = weakref.WeakKeyDictionary()
 _warned: "weakref.WeakSet[pw.Database]" = weakref.WeakSet()
 #: The databases whose server clock reads the clock with the session question.
@@ -84,9 +88,24 @@ def _ask(database: pw.Database, tables: Sequence[str] | None = None,
     if answer.clock is not None and answer.monotonic is not None:
         session.clock = (answer.clock, answer.monotonic)
     conn = database.connection()  # the one that answered (ReconnectMixin may replace one)
-    with _lock:
-        _sessions[conn] = session
+    _keep(conn, session)
     return conn, session, answer.columns
+
+
+def _keep(conn: Any, session: Session) -> None:
+    """Keep ``session`` as what the server answered for ``conn``."""
+    try:
+        setattr(conn, _ATTRIBUTE, session)
+    except (AttributeError, TypeError):  # a connection type with no room for it
+        with _lock:
+            _sessions[conn] = session
+
+
+def _kept(conn: Any) -> Session | None:
+    """The Session asked for ``conn``, or None when it has not been asked about."""
+    session = getattr(conn, _ATTRIBUTE, None)
+    # a dict read, atomic under the GIL; writes take the lock
+    return session if session is not None else _sessions.get(conn)
 
 
 def prepare(database: pw.Database) -> Any:
@@ -95,11 +114,17 @@ def prepare(database: pw.Database) -> Any:
     caller's is open, is in autocommit. Returns that connection.
 
     Raises Peewee's errors for a connection that cannot be had or used."""
-    conn = _connection(database)
-    session = _sessions.get(conn)  # a dict read, atomic under the GIL; writes take the lock
+    # Runs before every statement of the library's: _connection and _kept written out here.
+    if database.is_closed() and not getattr(database, "autoconnect", True):
+        raise pw.InterfaceError("Error, database connection not opened.")
+    conn = database.connection()
+    session = getattr(conn, _ATTRIBUTE, None)
     if session is None:
-        conn, session, _ = _ask(database)
-    _autocommit(database, session)
+        session = _sessions.get(conn)
+        if session is None:
+            conn, session, _ = _ask(database)
+    if not session.autocommit:
+        _autocommit(database, session)
     return conn
 
 
@@ -108,7 +133,7 @@ def ask(database: pw.Database, tables: Sequence[str]) -> list[tuple[Any, ...]] |
     of ``tables`` read by the same round trip (rows as the family's ``SCHEMA_COLUMNS`` reads
     them); None when the connection had been asked about before."""
     conn = _connection(database)
-    session = _sessions.get(conn)
+    session = _kept(conn)
     columns = None
     if session is None:
         conn, session, columns = _ask(database, tables)
@@ -133,7 +158,7 @@ def take_clock(database: pw.Database) -> tuple[Any, float] | None:
     """The clock reading the question of the calling thread's connection made and no one has
     taken yet ((naive UTC instant, monotonic time at the middle of its round trip)), or
     None."""
-    session = _sessions.get(database.connection())
+    session = _kept(database.connection())
     if session is None:
         return None
     with _lock:
@@ -143,16 +168,9 @@ def take_clock(database: pw.Database) -> tuple[Any, float] | None:
 
 def session_of(database: pw.Database) -> Session:
     """What the server answered for the calling thread's connection (asked when not yet)."""
-    prepare(database)
-    return _sessions[database.connection()]
-
-
-def settled(database: pw.Database, conn: Any) -> None:
-    """After a statement: when it ran on another connection than ``conn`` (a ReconnectMixin
-    database reconnects and retries inside ``execute_sql``), prepare that one now, so a
-    session with autocommit off commits it (``SET autocommit = 1`` commits)."""
-    if database.connection() is not conn:
-        prepare(database)
+    session = _kept(prepare(database))
+    assert session is not None  # prepare() asked
+    return session
 
 
 def _warn(database: pw.Database) -> None:
@@ -174,13 +192,12 @@ def claim_isolation(database: pw.Database) -> str:
     given to ``atomic(isolation_level=...)`` when there was one, else the session's. (A level
     set with a bare ``SET TRANSACTION`` statement is not visible to the server's
     variables, so not to this.)"""
-    top = database.top_transaction()
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = {}
-    args, kwargs = getattr(top, "_begin_args", (args, kwargs))  # Peewee 3.17+ and 4
-    given = kwargs.get("isolation_level", args[0] if args else None)
-    if isinstance(given, str) and given:
-        return level(given)
+    begun = getattr(database.top_transaction(), "_begin_args", None)  # Peewee 3.17+ and 4
+    if begun is not None:
+        args, kwargs = begun
+        given = kwargs.get("isolation_level", args[0] if args else None)
+        if isinstance(given, str) and given:
+            return level(given)
     return session_of(database).isolation
 
 

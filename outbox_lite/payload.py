@@ -15,7 +15,7 @@ import math
 import re
 import uuid
 from collections.abc import Mapping
-from typing import Any, Collection
+from typing import Any, Callable, Collection
 
 from ._credentials import (_INHERIT, _NAMED_PAIR, _NUMBERS, _STRINGS, _STRONG, _SUBTREE,
                            _credential_in_text, _is_placeholder, _json_may_hold_credential,
@@ -33,12 +33,43 @@ MAX_INTEGER = 2**64 - 1
 #: A run of digits that may spell an integer beyond those (20 digits, or 19 after a minus, each
 #: holds 19 in a row): only then does a payload on the fast path need its numbers looked at.
 #: ASCII digits, as JSON writes numbers; one plain run is half the cost of the exact pattern.
-_LONG_DIGITS = re.compile(r"[0-9]{19}")
+#: Written as a set then a repeat: a pattern that starts with a set lets ``re`` skip to the next
+#: digit in C, where ``[0-9]{19}`` tries the repeat at every character (half the cost again).
+_LONG_DIGITS = re.compile(r"[0-9][0-9]{18}")
 #: Stands in the error's JSON path for an object key that is itself a credential.
 _REDACTED_KEY = "[<redacted key>]"
 _CONTAINERS = (dict, list, tuple)
 # Built once: json.dumps() with any non-default option builds a new encoder on every call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _compact_encoder() -> Callable[[Any], str]:
+    """``_ENCODER.encode``, for a dict or a list, without building the C encoder per call.
+
+    ``JSONEncoder.encode`` makes a new C encoder on every call (its options and a fresh
+    dict of the containers it is inside, for cycles). Here it is made once, without that
+    dict (``check_circular=False``), so it keeps no state between calls and threads can
+    share it: a cycle then ends in RecursionError, which :func:`encode_payload` turns into
+    the same PayloadError (the exact walk stops at :data:`MAX_DEPTH`). Falls back to
+    ``_ENCODER.encode`` where the C encoder is missing or is made differently; either way
+    the text is checked against it once here."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    try:
+        c_encode = make(None, _ENCODER.default, json.encoder.encode_basestring, None,  # type: ignore[misc]
+                        _ENCODER.key_separator, _ENCODER.item_separator, False, False, False)
+
+        def encode(payload: Any) -> str:
+            return "".join(c_encode(payload, 0))
+
+        probe = {"a": [1, -2.5, "\u00e9\n\"", None, True], "b": {}}
+        if encode(probe) == _ENCODER.encode(probe):
+            return encode
+    except (TypeError, ValueError):  # no C encoder (None), or one with other arguments
+        pass
+    return _ENCODER.encode
+
+
+_encode = _compact_encoder()
 
 
 # ---------------------------------------------------------------------------
@@ -208,7 +239,7 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
             f"payload must be a JSON object (dict) or array (list), not {type(payload).__name__}")
     allowed = frozenset(map(_normalise_key, allowed_keys)) if allowed_keys else frozenset()
     try:
-        text = _ENCODER.encode(payload)
+        text = _encode(payload)
     except (TypeError, ValueError, RecursionError) as exc:
         _check(payload, [], 0, allowed, True)  # names the offending path
         raise PayloadError(f"payload is not JSON: {exc}") from exc
@@ -312,4 +343,4 @@ def headers_size(headers: dict[str, str]) -> int:
 
 def encode_headers(headers: dict[str, str]) -> str | None:
     """Checked headers as the JSON text stored in column ``headers`` (None when empty)."""
-    return _ENCODER.encode(headers) if headers else None
+    return _encode(headers) if headers else None

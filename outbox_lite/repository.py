@@ -11,6 +11,7 @@ The repository never begins, commits or rolls back anything: the caller owns the
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import operator
@@ -265,7 +266,9 @@ class OutboxRepository:
         if not self._schema_checked:
             _schema.check(self.database, (TABLE_NAME,))
             self._schema_checked = True
-            self._now = self._read_now  # type: ignore[method-assign]  # checked: read directly
+            # Checked: read the clock and run statements directly (no check per call).
+            self._now = self._read_now  # type: ignore[method-assign]
+            self._execute = functools.partial(execute, self.database)  # type: ignore[method-assign]
 
     def _reader(self, changed: tuple[str, ...], counted: bool) -> Callable[..., OutboxEvent]:
         """The reader of rows of :data:`COLUMNS` into events (made once per ``changed`` and
@@ -374,8 +377,8 @@ class OutboxRepository:
                   "aggregate_id": aggregate_id, "dedupe_key": dedupe_key, "payload": body,
                   "available_at": available, "created_at": now, "updated_at": now,
                   "headers": encode_headers(event_headers), "expires_at": expires}
-        self._check_schema()
-        isolation = _session.transaction_isolation(self.database) if given_key else ""
+        isolation = (_session.transaction_isolation(self.database)
+                     if given_key and self._family.write_reads_isolation else "")
         event_id = self._family.write_event(self.database, values, given_key=given_key,
                                             isolation=isolation, payload=payload,
                                             execute=self._execute)

@@ -8,11 +8,13 @@ with the same types, whichever server holds it.
 
 from __future__ import annotations
 
+import enum
 import json
 
 import pytest
 
 from outbox_lite import PayloadError
+from outbox_lite import payload as payload_module
 from outbox_lite.payload import MAX_INTEGER, MIN_INTEGER, encode_payload
 
 from _helpers import capture_sql
@@ -87,3 +89,45 @@ def test_long_digit_strings_are_ordinary_data(db, repo, fetch):
         event = repo.create_in_transaction(**EVENT, payload=payload)
     [row] = fetch("SELECT payload FROM outbox_event WHERE id = %s", event.id)
     assert json.loads(row["payload"]) == payload
+
+
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
+class _Name(str):
+    pass
+
+
+class _Ratio(float):
+    pass
+
+
+@pytest.mark.parametrize("payload", [
+    *({"values": values} for values in EXACT.values()),
+    [("a", 1), ("b", [2.5, None])],  # tuples are arrays
+    {"level": _Level.HIGH, _Name("name"): _Name("n"), "ratio": _Ratio(0.5)},  # subclasses
+    {"nested": {"deep": [{"x": [1, {"y": "é\u2028\"\\"}]}]}},
+])
+def test_the_stored_text_is_jsons_own_compact_text(payload):
+    """The encoder made once (payload._encode) writes what json.dumps would, to the byte."""
+    assert encode_payload(payload) == json.dumps(payload, ensure_ascii=False, allow_nan=False,
+                                                 separators=(",", ":"))
+
+
+def test_the_c_encoder_is_made_once_not_per_payload():
+    """CPython's C encoder is made at import (JSONEncoder.encode makes one per call)."""
+    assert payload_module._encode is not payload_module._ENCODER.encode
+
+
+@pytest.mark.parametrize("make", [
+    lambda: (lambda a: (a.append(a), a)[1])([]),
+    lambda: (lambda d: (d.__setitem__("self", d), d)[1])({}),
+    lambda: (lambda d: (d.__setitem__("x", [1, d]), d)[1])({}),
+])
+def test_a_payload_that_holds_itself_is_refused_and_the_next_one_is_not(make):
+    """No cycle check in the encoder: a cycle ends as a payload nested too deep, and leaves
+    nothing behind for the next payload."""
+    with pytest.raises(PayloadError, match="nested deeper than 31 levels"):
+        encode_payload(make())
+    assert encode_payload({"x": [1, {"y": 2}]}) == '{"x":[1,{"y":2}]}'

@@ -106,6 +106,23 @@ def test_what_a_write_on_a_warm_connection_sends(wdb, wrepo, fetch, server, leve
     assert fetch("SELECT name FROM job") == [{"name": "job-42"}]
 
 
+def test_the_level_is_looked_up_only_by_a_family_whose_write_depends_on_it(db, repo,
+                                                                          monkeypatch):
+    """A keyed write asks the level of the caller's transaction on MySQL and MariaDB, where
+    the level chooses the statements; PostgreSQL sends the same one at every level and does
+    not ask. A write without a key asks nowhere."""
+    from outbox_lite import _session
+
+    asked = []
+    level_of = _session.transaction_isolation
+    monkeypatch.setattr(_session, "transaction_isolation",
+                        lambda database: asked.append(database) or level_of(database))
+    with db.atomic():
+        repo.create_in_transaction(**EVENT, dedupe_key="keyed")
+        repo.create_in_transaction(**EVENT)
+    assert asked == ([db] if FAMILY.name == "mysql" else [])
+
+
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_duplicate_raises_and_the_transaction_goes_on_at_each_level(wdb, wrepo, fetch,
                                                                       server, level, packed):
@@ -356,3 +373,22 @@ def test_the_url_option_multi_statements(db_url, server):
         finally:
             database.close()
     assert flags == {"plain": False, "option": True}
+
+
+def test_a_connection_keeps_its_answer_and_one_with_no_room_for_it_too():
+    """The session question's answer is kept on the connection object (one getattr before
+    each statement); a connection type that takes no attribute keeps it beside it."""
+    from outbox_lite import _session
+
+    class Plain:
+        pass
+
+    class NoRoom:
+        __slots__ = ("__weakref__",)
+
+    answer = _session.Session(autocommit=True, isolation="READ COMMITTED", server=None)
+    for conn in (Plain(), NoRoom()):
+        assert _session._kept(conn) is None
+        _session._keep(conn, answer)
+        assert _session._kept(conn) is answer
+    assert getattr(conn, _session._ATTRIBUTE, None) is None and conn in _session._sessions

@@ -148,6 +148,10 @@ class Family:
     name: ClassVar[str]
     schemes: ClassVar[tuple[str, ...]]
     sql: ModuleType
+    #: Whether ``write_event`` chooses its statements by the isolation level of the caller's
+    #: transaction (its ``isolation`` argument, for a caller's ``dedupe_key``); when False the
+    #: repository does not look the level up (a keyed write's cost, issue 30).
+    write_reads_isolation: ClassVar[bool] = True
 
     @classmethod
     def accepts(cls, database: Any) -> bool:

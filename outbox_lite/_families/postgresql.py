@@ -193,6 +193,8 @@ class PostgreSQLFamily(Family):
     claim_level = "READ COMMITTED"
     refused_claim_levels = frozenset({"SERIALIZABLE"})
     claim_refusal = "concurrent claimers would fail with serialization errors"
+    #: One statement at every level (:meth:`write_event`): ``INSERT … ON CONFLICT DO NOTHING``.
+    write_reads_isolation = False
 
     def claim_level_for(self, session_level: str) -> str | None:
         """READ COMMITTED for the relay's own claim unless the session's is already."""
@@ -434,7 +436,8 @@ class PostgreSQLFamily(Family):
         """Insert the event and notify the relays, in one statement; its id. A duplicate
         ``dedupe_key`` (the caller's) is no row: DuplicateEventError, and the caller's
         transaction goes on (nothing failed on the server). PostgreSQL has no statement size
-        limit below 1 GB, so ``max_payload_bytes`` is the only bound."""
+        limit below 1 GB, so ``max_payload_bytes`` is the only bound. The same statement at
+        every isolation level: ``isolation`` is not read (the repository passes "")."""
         statement = sql.INSERT_UNLESS_TAKEN if given_key else sql.INSERT
         row = execute(*statement.bind(values)).fetchone()
         if row is None:
