@@ -47,9 +47,12 @@ class DelayProxy:
             writer.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
-                             return_exceptions=True)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
+                                 return_exceptions=True)
+        except asyncio.CancelledError:  # close(): the proxy ends, its clients with it
+            writer.close()
 
     async def _shutdown(self) -> None:
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
