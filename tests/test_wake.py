@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from typing import Any, Callable
 
 import nats
 import peewee as pw
@@ -184,17 +185,27 @@ def test_a_signal_carries_nothing_of_the_event(db_url, db):
 # The relay wakes
 # ---------------------------------------------------------------------------
 
+def _ring_delays(relay: Any, repo: OutboxRepository, fetch: Any,
+                 before_each: Callable[[], None] = lambda: None) -> list[float]:
+    """Three events written one at a time, each once ``before_each`` has run and the relay's
+    pause has grown past 0.7 s (a poll would be late): each one's seconds from its write to
+    its publication."""
+    delays = []
+    for n in range(3):
+        before_each()
+        _settle(relay.relay, 0.7)
+        started = time.monotonic()
+        event_id = _create(repo, n)
+        assert _wait_published(fetch, [event_id], 5.0)
+        delays.append(time.monotonic() - started)
+    return delays
+
+
 def test_a_relay_in_the_same_process_wakes_without_any_server(db_url, db, fetch):
     relay = _RelayThread(db_url, max_idle_pause=LONG)
     try:
         repo = OutboxRepository(db)  # no wake= at all: in-process rings need no server
-        delays = []
-        for n in range(3):
-            _settle(relay.relay, 0.7)  # its pause has grown past 0.7 s: a poll would be late
-            started = time.monotonic()
-            event_id = _create(repo, n)
-            assert _wait_published(fetch, [event_id], 5.0)
-            delays.append(time.monotonic() - started)
+        delays = _ring_delays(relay, repo, fetch)
     finally:
         relay.stop()
     # A poll would come 0.7 s or more after the write; the ring comes at once (the bound
@@ -280,20 +291,17 @@ def test_a_ring_whose_event_was_taken_already_leaves_the_relay_listening(db_url,
     retry pause that has doubled towards the poll pause (measured: up to 128 ms at 5
     events a second on a loaded machine)."""
     relay = _RelayThread(db_url, max_idle_pause=LONG)
+
+    def miss() -> None:
+        _settle(relay.relay, 0.3)
+        rounds = relay.relay.stats.rounds
+        wake.ring_locally(wake.database_key(db))  # a ring with nothing left to claim
+        _until(lambda: relay.relay.stats.rounds > rounds, "the ring's empty claim")
+        # its retries double from 1 ms (1, 2, 4 … 512 ms: a second), then 1.024 s
+
     try:
         repo = OutboxRepository(db)  # in-process rings
-        delays = []
-        for n in range(3):
-            _settle(relay.relay, 0.3)
-            misses = relay.relay.stats.rounds
-            wake.ring_locally(wake.database_key(db))  # a ring with nothing left to claim
-            _until(lambda: relay.relay.stats.rounds > misses, "the ring's empty claim")
-            # its retries double from 1 ms (1, 2, 4 … 512 ms: a second), then 1.024 s
-            _settle(relay.relay, 0.7)
-            started = time.monotonic()
-            event_id = _create(repo, n)
-            assert _wait_published(fetch, [event_id], 5.0)
-            delays.append(time.monotonic() - started)
+        delays = _ring_delays(relay, repo, fetch, before_each=miss)
     finally:
         relay.stop()
     # deaf, the relay would publish it 0.7 s or more after the write
