@@ -139,26 +139,24 @@ class IdlePause:
         self.first, self.longest, self.bell = first, longest, bell
         self.pause = 0.0
         self._answering = False  # the coming claim answers a ring
-        self._retrying = False  # after a ring whose claim found nothing
-        self._misses = 0  # claims in a row that answered a ring and found nothing
+        # claims in a row that answered a ring and found nothing: retrying while above 0
+        self._misses = 0
 
     def before_claim(self) -> None:
         """Call just before each claim: the rings until now are answered by it."""
         self._answering = self.bell is not None and self.bell.take()
 
     def found_work(self) -> None:
-        self.pause, self._retrying, self._misses = 0.0, False, 0
+        self.pause, self._misses = 0.0, 0
 
     def next_pause(self) -> float:
         """After an empty claim: the pause to wait now."""
         if self._answering:
+            self.pause = min(self.longest, self.pause * 2) if self._misses else WAKE_RETRY
             self._misses += 1
-            self.pause = min(self.longest, self.pause * 2) if self._retrying else WAKE_RETRY
-            self._retrying = True
         else:
-            if self._retrying and self.pause >= self.longest:
-                # a whole poll pause without a ring: start over
-                self._retrying, self._misses = False, 0
+            if self._misses and self.pause >= self.longest:
+                self._misses = 0  # a whole poll pause without a ring: start over
             self.pause = min(self.longest, self.pause * 2 or self.first)
         return self.pause
 
