@@ -457,6 +457,10 @@ def _latency_of(url: Any, proxy: CountingProxy, redis_url: str, nats_url: str, w
         # The idle cost: a relay alone on the drained outbox, through the counting proxy,
         # once its pause has grown to the cap.
         stop_relays()
+        # The writer is done: its session ends now, so that PostgreSQL counts its last
+        # transactions at once (a backend left idle reports them up to 10 s later, into
+        # the idle window: about 40 a second, all of them the writer's).
+        db.close()
         start_relay(proxy.url)
         time.sleep(2 + 2 * cap + 1)
         before = proxy.count()
