@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "clock": ("clock", "the server clock's cost"),
     "write-locks": ("write_locks", "what each one-round-trip keyed write locks at REPEATABLE READ"),
     "trace-write": ("trace_write", "the write with tracing on and off"),
+    "trace-wake": ("trace_wake", "one wake-up's steps, COMMIT to BullMQ, beside the raw floor"),
     "pg": ("presets", "preset: protocol's PostgreSQL measures (issue 22)"),
     "drain": ("presets", "preset: relay's drain on MariaDB, MySQL and PostgreSQL"),
     "listen": ("presets", "preset: relay's latency on PostgreSQL, LISTEN vs polling"),
