@@ -65,7 +65,7 @@ def _statement(_db: Any, sql: Any, *_rest: Any) -> str:
 
 def trace(url: Any, events: int, rate: float) -> tuple[dict[str, list[float]], int]:
     """Each step's durations (ms) over the events after the first SKIP, and how many of
-    those were left out (the relay was inside a round, a poll's, when the event committed)."""
+    those were left out (the relay's round had begun before the writer's COMMIT returned)."""
     from outbox_lite import OutboxRepository
     from outbox_lite.publishers.bullmq import BullMQPublisher
     from outbox_lite.relay import Relay
@@ -117,7 +117,10 @@ def trace(url: Any, events: int, rate: float) -> tuple[dict[str, list[float]], i
     for at in committed[SKIP:]:
         after = [s for s in stamps.stamps if s[0] > at]
         if not after or after[0][1] != "BEGIN starts":
-            busy += 1  # the relay was inside a round already (a poll): not a wake-up's steps
+            # The relay's round began before the writer's COMMIT returned: a poll, or on
+            # PostgreSQL the LISTEN notification, which can wake the relay before the
+            # writer's own call returns. Its steps do not start at the COMMIT: left out.
+            busy += 1
             continue
         previous = at
         for when, step in after:
@@ -198,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             low = floor(url, args.events, args.rate)
             print(f"== {base.host}:{base.port} ({base.scheme}); load average {before} -> {load()};"
                   f" {args.events - SKIP - busy} events at {args.rate:g}/s, in-process wake-up,"
-                  f" BullMQ ({busy} left out: the relay was in a round already)")
+                  f" BullMQ ({busy} left out: the relay's round began before the writer's"
+                  " COMMIT returned)")
             print(f"  {'step':<68} {'n':>3} {'p50 ms':>7} {'p90 ms':>7}")
             for name, values in list(steps.items()) + list(low.items()):
                 values = sorted(values)
