@@ -129,6 +129,8 @@ def server_name(base: DatabaseUrl, *, where: bool = True, short: bool = False) -
 #: The default servers of the benches that put MariaDB and MySQL side by side.
 MARIADB_AND_MYSQL = ["mysql://root@127.0.0.1:3306/outbox_lite",
                      "mysql://root@127.0.0.1:3308/outbox_lite"]
+#: ... and of those that measure on all three servers.
+ALL_THREE = MARIADB_AND_MYSQL + ["postgresql://postgres@127.0.0.1:5432/outbox_lite"]
 
 
 def add_database_option(parser: argparse.ArgumentParser, suffix: str,

@@ -54,14 +54,12 @@ from outbox_lite._families.url import DatabaseUrl
 
 from . import raw_mysql, raw_pg
 from ._proxies import CountingProxy, clear_text
-from ._setup import (add_database_option, is_postgresql, job_table, scratch_database,
-                     server_name, server_url)
+from ._setup import (ALL_THREE, add_database_option, is_postgresql, job_table,
+                     scratch_database, server_name, server_url)
 
 ENTRY = Path(__file__).resolve().parent.parent / "bench.py"
 WARM = 10  # operations (writes, or batches) before counting: caches, prepared state
 BATCH = 100
-DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite", "mysql://root@127.0.0.1:3308/outbox_lite",
-                "postgresql://postgres@127.0.0.1:5432/outbox_lite"]
 PATHS = ("write", "claim")
 SIDES = ("library", "raw")
 #: raw-same: on MySQL and MariaDB, the raw write sending the library's statements at
@@ -384,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.profile and shutil.which("valgrind") is None:
         parser.error("needs valgrind (apt-get install valgrind)")
     results = {}
-    for option in ns.database_url or DEFAULT_URLS:
+    for option in ns.database_url or ALL_THREE:
         base = server_url(option)
         results[server_name(base, where=False)] = measure(base, ns.writes, ns.batches,
                                                           ns.repeat, ns.profile,

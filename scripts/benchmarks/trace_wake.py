@@ -26,13 +26,12 @@ import time
 from typing import Any, Callable
 
 import peewee as pw
+import redis
 
-from ._setup import add_database_option, is_postgresql, load, scratch_database, server_url
+from ._setup import ALL_THREE, add_database_option, load, scratch_database, server_url
+from .relay import DEFAULT_REDIS_URL, delete_queue
+from .write import Raw
 
-DEFAULT_URLS = ["mysql://root@127.0.0.1:3306/outbox_lite",
-                "mysql://root@127.0.0.1:3308/outbox_lite",
-                "postgresql://postgres@127.0.0.1:5432/outbox_lite"]
-REDIS_URL = "redis://127.0.0.1:6379/0"
 SKIP = 5  # first events left out
 
 
@@ -85,7 +84,7 @@ def trace(url: Any, events: int, rate: float) -> tuple[dict[str, list[float]], i
                 patch(cls, name, lambda *_a, _n=name: _n.upper())
     patch(BullMQPublisher, "publish", lambda *_a: "BullMQ add")
     queue = f"trace-wake-{time.time_ns()}"
-    publisher = BullMQPublisher(REDIS_URL, queue)
+    publisher = BullMQPublisher(DEFAULT_REDIS_URL, queue)
     relay = Relay(OutboxRepository(url.database()), publisher, max_idle_pause=2.0,
                   progress_every=0)
     stop = threading.Event()
@@ -109,7 +108,9 @@ def trace(url: Any, events: int, rate: float) -> tuple[dict[str, list[float]], i
         thread.join(30)
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
-        _drop_queue(queue)
+        client = redis.Redis.from_url(DEFAULT_REDIS_URL)
+        delete_queue(client, queue)
+        client.close()
         publisher.close()
         db.close()
     steps: dict[str, list[float]] = {}
@@ -137,33 +138,10 @@ def trace(url: Any, events: int, rate: float) -> tuple[dict[str, list[float]], i
     return steps, busy
 
 
-def _drop_queue(queue: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(f"bull:{queue}:*"))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
-
-
 def floor(url: Any, events: int, rate: float) -> dict[str, list[float]]:
-    """The raw driver's SELECT 1 and durable one-row COMMIT, at the writer's pace (ms)."""
-    pg = is_postgresql(url)
-    if pg:
-        import psycopg
-
-        conn: Any = psycopg.connect(host=url.host, port=url.port, user=url.user,
-                                    password=url.password or None, dbname=url.name,
-                                    autocommit=True)
-    else:
-        import pymysql
-
-        conn = pymysql.connect(host=url.host, port=url.port, user=url.user,
-                               password=url.password, database=url.name, charset="utf8mb4",
-                               autocommit=True)
+    """The raw driver's SELECT 1 and durable one-row COMMIT, at the writer's pace (ms),
+    connected as the library connects (on MySQL 9.7, which offers TLS, both use it)."""
+    conn = Raw(url, {}).conn  # the write bench's raw client: PyMySQL or psycopg 3
     cur = conn.cursor()
     cur.execute("CREATE TABLE floor_row (id INT PRIMARY KEY, n INT NOT NULL)")
     cur.execute("INSERT INTO floor_row VALUES (1, 0)")
@@ -193,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=60, help="events (default 60)")
     parser.add_argument("--rate", type=float, default=5.0, help="events a second (default 5)")
     args = parser.parse_args(argv)
-    for text in args.database_url or DEFAULT_URLS:
+    for text in args.database_url or ALL_THREE:
         base = server_url(text)
         with scratch_database(base, "bench_trace_wake") as url:
             before = load()
