@@ -39,16 +39,22 @@ def _relay(db_url, *args, env=None, stderr=subprocess.PIPE):
         [sys.executable, "-m", "outbox_lite.cli", "relay", "--database-url",
          db_url.secret_text(), *args],
         stdout=subprocess.DEVNULL, stderr=stderr, text=True,
-        env={**os.environ, "PYTHONPATH": str(TESTS), **(env or {})})
+        # faulthandler: a hung relay asked to abort (_ended) prints every thread's stack
+        env={**os.environ, "PYTHONPATH": str(TESTS), "PYTHONFAULTHANDLER": "1", **(env or {})})
 
 
 def _ended(process, timeout=STOP_BOUND):
-    """(exit status, stderr) once ``process`` ends; a hang is killed and fails the test."""
+    """(exit status, stderr) once ``process`` ends; a hang fails the test with the stacks of
+    the relay's threads (SIGABRT, which its faulthandler answers), then is killed."""
     try:
         _, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
-        _, err = process.communicate()
+        process.send_signal(signal.SIGABRT)
+        try:
+            _, err = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, err = process.communicate()
         pytest.fail(f"the relay did not stop within {timeout} s: {err}")
     return process.returncode, err
 
