@@ -128,11 +128,13 @@ class IdlePause:
     COMMIT may still be on its way) is retried after 1, 2, 4 … ms instead of the poll pause.
     One such miss is no storm: its event was most likely taken by a claim that ran between
     the COMMIT and its ring (a poll, the round after a batch), so the next ring still cuts
-    the retry's wait short. From the second miss in a row, rings do not cut its waits short
-    (they stay in the flag for the next claim). So a storm of rings that find nothing (or
-    that another relay was quicker to answer) costs about log2(longest / 1 ms) claims, then
-    one per ``longest``, whatever their number; a claim that found work, or a whole
-    ``longest`` without a ring, ends it.
+    the retry's wait short, and that second miss is retried after 2 ms, whatever the pause
+    had grown to (a ring late in a long wait may be early for its COMMIT too: Peewee 3 rings
+    at create). From the second miss in a row, rings do not cut its waits short (they stay
+    in the flag for the next claim) and its pauses double on. So a storm of rings
+    that find nothing (or that another relay was quicker to answer) costs about
+    log2(longest / 1 ms) claims, then one per ``longest``, whatever their number; a claim
+    that found work, or a whole ``longest`` without a ring, ends it.
     """
 
     def __init__(self, first: float, longest: float, bell: Doorbell | None) -> None:
@@ -152,7 +154,10 @@ class IdlePause:
     def next_pause(self) -> float:
         """After an empty claim: the pause to wait now."""
         if self._answering:
-            self.pause = min(self.longest, self.pause * 2) if self._misses else WAKE_RETRY
+            if self._misses >= _DEAF_AFTER_MISSES:  # a storm's: keep doubling
+                self.pause = min(self.longest, self.pause * 2)
+            else:  # not from self.pause: it may be a long wait's, not a retry's
+                self.pause = min(self.longest, WAKE_RETRY * 2 ** self._misses)
             self._misses += 1
         else:
             if self._misses and self.pause >= self.longest:

@@ -291,21 +291,66 @@ def test_a_ring_whose_event_was_taken_already_leaves_the_relay_listening(db_url,
     retry pause that has doubled towards the poll pause (measured: up to 128 ms at 5
     events a second on a loaded machine)."""
     relay = _RelayThread(db_url, max_idle_pause=LONG)
-
-    def miss() -> None:
-        _settle(relay.relay, 0.3)
-        rounds = relay.relay.stats.rounds
-        wake.ring_locally(wake.database_key(db))  # a ring with nothing left to claim
-        _until(lambda: relay.relay.stats.rounds > rounds, "the ring's empty claim")
-        # its retries double from 1 ms (1, 2, 4 … 512 ms: a second), then 1.024 s
-
     try:
         repo = OutboxRepository(db)  # in-process rings
-        delays = _ring_delays(relay, repo, fetch, before_each=miss)
+        delays = _ring_delays(relay, repo, fetch, before_each=lambda: _miss(relay, db))
     finally:
         relay.stop()
     # deaf, the relay would publish it 0.7 s or more after the write
     assert max(delays) < 0.5, delays
+
+
+def _miss(relay: _RelayThread, database: pw.Database) -> None:
+    """A ring with nothing to claim, answered: the relay's retries then double from 1 ms
+    (1, 2, 4 … 512 ms: a second, then 1.024 s …)."""
+    _settle(relay.relay, 0.3)
+    _ring_by_hand(relay, database)
+
+
+def _ring_by_hand(relay: _RelayThread, database: pw.Database) -> None:
+    """Ring ``relay`` as it listens, and wait for the claim that answers it. A relay that
+    LISTENs (its native_wake: PostgreSQL's) hears no in-process ring: a NOTIFY from another
+    session, delivered at once (committed alone); the others hear this process's rings.
+    ``database`` is in no transaction."""
+    rings, rounds = relay.relay._bell.rings, relay.relay.stats.rounds
+    if relay.relay.native_wake is None:
+        wake.ring_locally(wake.database_key(database))
+    else:
+        database.execute_sql("NOTIFY outbox_event")
+    _until(lambda: relay.relay._bell.rings > rings, "the relay to hear the ring")
+    _until(lambda: relay.relay.stats.rounds > rounds, "the ring's claim")
+
+
+def test_a_ring_before_its_commit_late_in_a_retry_is_answered_soon(db_url, db, fetch):
+    """The second miss in a row (a ring that found nothing, then one whose COMMIT had not
+    happened yet, as every ring on Peewee 3) is retried after 2 ms, not after twice the
+    pause the first miss's retries had grown to: that was 1.4 s or more here (a CI run saw
+    2.06 s), up to the relay's longest pause."""
+    relay = _RelayThread(db_url, max_idle_pause=LONG)
+    service = db_url.database()
+    try:
+        delays = []
+        for n in range(3):
+            _miss(relay, db)
+            _settle(relay.relay, 0.7)
+            with service.atomic():
+                event_id = FAMILY.insert_id(
+                    service, "INSERT INTO outbox_event (event_type, aggregate_type,"
+                    " aggregate_id, dedupe_key, payload, status, available_at, created_at,"
+                    " updated_at) VALUES ('a', 'b', %s, %s, '{}', 'pending', %s, %s, %s)",
+                    (str(n), uuid.uuid4().hex, *[_utc_now()] * 3))
+                _ring_by_hand(relay, db)  # before the COMMIT
+            committed = time.monotonic()
+            assert _wait_published(fetch, [event_id], 10.0)
+            delays.append(time.monotonic() - committed)
+    finally:
+        service.close()
+        relay.stop()
+    assert max(delays) < 0.5, delays
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
 def test_a_storm_of_rings_is_one_flag_not_a_queue(db_url):
