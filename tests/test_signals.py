@@ -275,7 +275,8 @@ def test_a_second_sigint_on_a_busy_relay_exits_130_and_says_truly_what_it_left(
         relay = _relay(db_url, "--publisher", "_relay_publishers:flaky", "--batch-size",
                        "1000", "--worker-id", worker, "--progress-every", "60")
         _started(relay)
-        time.sleep(rng.uniform(0.05, 0.3))
+        _claimed(fetch, relay)  # busy, not still starting (a loaded CI machine: 6 of 10 were)
+        time.sleep(rng.uniform(0.0, 0.2))
         relay.send_signal(signal.SIGINT)
         time.sleep(rng.uniform(0.01, 0.1))
         if relay.poll() is None:
@@ -300,6 +301,16 @@ def test_a_second_sigint_on_a_busy_relay_exits_130_and_says_truly_what_it_left(
             assert held == 0, f"round {n}: {err}"
     print(f"\n(exit status, claims held) of the ten relays: {seen}")
     assert interrupted >= 5, f"only {interrupted} of 10 relays were interrupted while busy"
+
+
+def _claimed(fetch, relay):
+    """Wait until ``relay`` has claimed (an event of the outbox, all pending before it
+    started, is pending no more): a signal before that stops a relay still starting."""
+    deadline = time.monotonic() + STOP_BOUND
+    while not fetch("SELECT 1 AS n FROM outbox_event WHERE status <> 'pending' LIMIT 1"):
+        assert relay.poll() is None, "the relay ended before it claimed"
+        assert time.monotonic() < deadline, "the relay claimed nothing"
+        time.sleep(0.002)
 
 
 @pytest.mark.parametrize("publisher", ["interrupted_mid_result", "interrupted_in_a_finalizer"])
