@@ -49,16 +49,19 @@ def orders(db, repo, count, aggregates=30):
     return events
 
 
-def wait_for(condition, processes, timeout=60):
-    """Poll ``condition`` until it holds; fail (with the processes' stderr) if it does not
-    within ``timeout`` s or if one of ``processes`` ends first. The processes are killed
-    before their stderr is read: reading a live one's would block."""
+def wait_for(condition, processes, timeout=60, state=None):
+    """Poll ``condition`` until it holds; fail (with ``state()``, what was seen last, and the
+    processes' stderr) if it does not within ``timeout`` s or if one of ``processes`` ends
+    first. The processes are killed before their stderr is read: reading a live one's would
+    block."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            seen = "" if state is None else f"{state()}; "
             for p in processes:
                 p.kill()
-            pytest.fail("waited in vain: " + " | ".join(p.communicate()[1] for p in processes))
+            pytest.fail(f"waited in vain: {seen}"
+                        + " | ".join(p.communicate()[1] for p in processes))
         time.sleep(0.01)
 
 

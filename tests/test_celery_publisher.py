@@ -139,6 +139,11 @@ def _stop(process) -> str:
     return err
 
 
+def _progress(path: Path, broker: _Redis | _RabbitMQ) -> str:
+    """What a wait for the worker saw: its task runs, and the messages left in the queue."""
+    return f"{len(_runs(path))} task runs written, {broker.depth()} messages in the queue"
+
+
 def _runs(path: Path) -> list[dict]:
     """The task runs the worker has written whole: a line the worker is still writing (no
     newline yet: a read may meet a write half done) is left for the next look."""
@@ -172,7 +177,8 @@ def test_each_event_runs_its_task_once_with_payload_id_and_headers(
         {"status": "published", "n": len(events)}]
 
     worker = _worker(processes, _env(db_url, broker, runs))
-    wait_for(lambda: len(_runs(runs)) >= len(events) and broker.depth() == 0, [worker])
+    wait_for(lambda: len(_runs(runs)) >= len(events) and broker.depth() == 0, [worker],
+             state=lambda: _progress(runs, broker))
     _stop(worker)
     seen = {run["task_id"]: run for run in _runs(runs)}
     assert len(_runs(runs)) == len(events) == len(seen)  # each event ran its task once
@@ -304,7 +310,7 @@ def test_a_relay_killed_after_publishing_leaves_each_business_row_once_through_t
 
     worker = _worker(processes, _env(db_url, broker, runs))
     wait_for(lambda: len(_runs(runs)) >= EVENTS + FIRST_BATCH and broker.depth() == 0,
-             [worker])
+             [worker], state=lambda: _progress(runs, broker))
     _stop(worker)
     done = _runs(runs)
     # Every message ran its task; the inbox accepted each task id once, so the republished

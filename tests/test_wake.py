@@ -346,7 +346,9 @@ def test_a_ring_before_its_commit_late_in_a_retry_is_answered_soon(db_url, db, f
     finally:
         service.close()
         relay.stop()
-    assert max(delays) < 0.5, delays
+    # Its retries double from 2 ms after the claim that found nothing: the event comes about
+    # as long after the COMMIT as the COMMIT came after that claim (room for a loaded machine)
+    assert max(delays) < 1.0, delays
 
 
 def _utc_now() -> dt.datetime:
