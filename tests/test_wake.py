@@ -248,6 +248,17 @@ def test_a_relay_in_another_process_wakes_through_the_server(kind, db_url, db, f
     assert "woken through" in err
 
 
+def _insert_quietly(service: pw.Database, n: int) -> int:
+    """A pending event inserted by hand in ``service``'s open transaction, ringing no one
+    (the repository would ring; on PostgreSQL its INSERT notifies): the test rings."""
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    return FAMILY.insert_id(
+        service, "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
+        " dedupe_key, payload, status, available_at, created_at, updated_at)"
+        " VALUES ('a', 'b', %s, %s, '{}', 'pending', %s, %s, %s)",
+        (str(n), uuid.uuid4().hex, now, now, now))
+
+
 def test_a_wake_up_before_the_commit_costs_the_event_little(db_url, fetch):
     """A ring that comes while the event's transaction is still open (Peewee 3 rings at
     create; a service may ring by hand): the relay's claim finds nothing, and it retries over
@@ -262,12 +273,7 @@ def test_a_wake_up_before_the_commit_costs_the_event_little(db_url, fetch):
         delays = []
         for n, before_commit in enumerate((0.005, 0.02, 0.05)):
             with service.atomic():
-                now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-                event_id = FAMILY.insert_id(
-                    service, "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id,"
-                    " dedupe_key, payload, status, available_at, created_at, updated_at)"
-                    " VALUES ('a', 'b', %s, %s, '{}', 'pending', %s, %s, %s)",
-                    (str(n), uuid.uuid4().hex, now, now, now))
+                event_id = _insert_quietly(service, n)
                 client.publish(channel, b"")  # the ring, before the COMMIT
                 time.sleep(before_commit)  # the rest of the service's transaction
             committed = time.monotonic()
@@ -292,7 +298,7 @@ def test_a_ring_whose_event_was_taken_already_leaves_the_relay_listening(db_url,
     events a second on a loaded machine)."""
     relay = _RelayThread(db_url, max_idle_pause=LONG)
     try:
-        repo = OutboxRepository(db)  # in-process rings
+        repo = OutboxRepository(db)  # in-process rings (PostgreSQL: its INSERT's NOTIFY)
         delays = _ring_delays(relay, repo, fetch, before_each=lambda: _miss(relay, db))
     finally:
         relay.stop()
@@ -334,11 +340,7 @@ def test_a_ring_before_its_commit_late_in_a_retry_is_answered_soon(db_url, db, f
             _miss(relay, db)
             _settle(relay.relay, 0.7)
             with service.atomic():
-                event_id = FAMILY.insert_id(
-                    service, "INSERT INTO outbox_event (event_type, aggregate_type,"
-                    " aggregate_id, dedupe_key, payload, status, available_at, created_at,"
-                    " updated_at) VALUES ('a', 'b', %s, %s, '{}', 'pending', %s, %s, %s)",
-                    (str(n), uuid.uuid4().hex, *[_utc_now()] * 3))
+                event_id = _insert_quietly(service, n)
                 _ring_by_hand(relay, db)  # before the COMMIT
             committed = time.monotonic()
             assert _wait_published(fetch, [event_id], 10.0)
@@ -349,10 +351,6 @@ def test_a_ring_before_its_commit_late_in_a_retry_is_answered_soon(db_url, db, f
     # Its retries double from 2 ms after the claim that found nothing: the event comes about
     # as long after the COMMIT as the COMMIT came after that claim (room for a loaded machine)
     assert max(delays) < 1.0, delays
-
-
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
 def test_a_storm_of_rings_is_one_flag_not_a_queue(db_url):
