@@ -20,9 +20,8 @@ The ratio is the median over blocks of library/raw throughput; beside it, each c
 CPU a write (``time.thread_time``: its Python and driver, not the server's or the delay
 proxy's). Every client's connection is warm before timing (the library asks the server about
 the session, ``max_allowed_packet`` and the table once per connection; that is not the common
-case, so it is left out). The isolation
-level is set per session (``init_command``), for every client alike, so no client pays a
-``SET TRANSACTION`` the others do not.
+case, so it is left out of both). The isolation level is set per session (``init_command``),
+for every client alike, so no client pays a ``SET TRANSACTION`` the others do not.
 
 The delayed link: this machine's kernel has no ``sch_netem`` (``tc qdisc … netem`` answers
 "unknown qdisc"), and delaying the loopback would slow every other user of the shared
@@ -188,19 +187,20 @@ def measure(url: DatabaseUrl, level: str, writes: int, block: int) -> dict[str, 
     clients = [Library(url, init), Raw(url, init), PeeweeOnly(url, init)]
     if not _is_pg(url):  # PostgreSQL's write is one statement on any connection
         clients.append(Packed(url, init))
-    cpu = {client.name: 0.0 for client in clients}
+    cpu: dict[str, list[float]] = {client.name: [] for client in clients}
 
     @contextlib.contextmanager
     def cpu_of(client: Any) -> Iterator[None]:
         started = time.thread_time()  # this thread's CPU: the client's Python and driver
         yield
-        cpu[client.name] += time.thread_time() - started
+        cpu[client.name].append(time.thread_time() - started)
 
     spent, per_block = take_turns(clients, writes, block, around=cpu_of)
     for client in clients:
         client.close()
     rates = {name: writes / seconds for name, seconds in spent.items()}
-    cpu_us = {name: seconds / writes * 1e6 for name, seconds in cpu.items()}
+    # each client's first block is take_turns' warm-up (its connection's questions): left out
+    cpu_us = {name: sum(blocks[1:]) / writes * 1e6 for name, blocks in cpu.items()}
 
     def ratio(name: str) -> float | None:
         if name not in per_block:
